@@ -1,0 +1,183 @@
+"""The one path every operation takes: resolve the group, validate once, dispatch.
+
+``collectives``, ``p2p`` and ``objects`` call these helpers instead of repeating
+checks: :func:`array` turns an argument into a contiguous array on a backend of the
+group, :func:`root` resolves ``src``/``dst``/``group_src``/``group_dst``,
+:func:`reduction` validates an op for a dtype, and :func:`launch` starts the backend
+operation, stamps the ``Work`` with what it is (for errors and the flight recorder),
+and waits unless ``async_op``.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import debug as _debug
+from ._arrays import _FAMILY, as_array, device_of, dtype_family, reduce_problem
+from .errors import DistError
+from .group import ProcessGroup
+from .types import DebugLevel, RedOpType, split_op
+from .work import Work
+
+ndarray = np.ndarray
+_monotonic = time.monotonic
+_DETAIL = DebugLevel.DETAIL
+_REDUCIBLE: set = set()  # (kind, dtype) pairs already validated
+
+#: Called as ``recorder(work)`` for every started operation when set (flight recorder).
+recorder: Optional[Callable[[Work], None]] = None
+
+
+def array(pg: ProcessGroup, op: str, x: Any, what: str = "tensor",
+          output: bool = True) -> Tuple[Any, Any]:
+    """``(backend communicator, array)`` for argument ``x`` of operation ``op``.
+
+    Outputs must be C-contiguous and writable (results are written into them, as torch
+    writes into tensors); non-contiguous inputs are copied to a contiguous array.
+    """
+    if type(x) is ndarray:
+        arr, comm = x, pg.cpu
+    else:
+        try:
+            arr = as_array(x)
+        except TypeError as exc:
+            raise pg.error(op, f"{what}: {exc}") from None
+        comm = pg.cpu if type(arr) is ndarray else pg.communicator(device_of(arr))
+    if arr.dtype not in _FAMILY and dtype_family(arr.dtype) is None:
+        raise pg.error(op, f"{what} has dtype {arr.dtype}, which cannot be communicated "
+                           f"(supported: bool, integers, float16/32/64, complex64/128, bfloat16)")
+    flags = arr.flags
+    if not flags.c_contiguous:
+        if output:
+            raise pg.error(op, f"{what} of shape {arr.shape} is not C-contiguous; results "
+                               f"are written in place, so pass a contiguous array "
+                               f"(e.g. x = np.ascontiguousarray(x)) and copy back if needed")
+        arr = _library(arr).ascontiguousarray(arr)
+    elif output and not getattr(flags, "writeable", True):
+        raise pg.error(op, f"{what} is read-only, but results are written into it")
+    return comm, arr
+
+
+def _library(arr: Any) -> Any:
+    """The array module (numpy or cupy) that made ``arr``."""
+    if isinstance(arr, ndarray):
+        return np
+    return sys.modules[type(arr).__module__.split(".")[0]]
+
+
+def empty(like: Any, count: int) -> Any:
+    """A flat uninitialized array of ``count`` elements, same library and dtype as ``like``."""
+    return _library(like).empty(count, dtype=like.dtype)
+
+
+def same_device(pg: ProcessGroup, op: str, comm: Any, other: Any, what: str) -> None:
+    if other is not comm:
+        raise pg.error(op, f"{what} lives on a different device than the other arrays")
+
+
+def same_dtype(pg: ProcessGroup, op: str, expected: Any, arr: Any, what: str) -> None:
+    if arr.dtype != expected:
+        raise pg.error(op, f"{what} has dtype {arr.dtype}, expected {expected} (all arrays "
+                           f"of one operation share a dtype)")
+
+
+def address(arr: Any) -> int:
+    """Address of the first element (NumPy or CuPy)."""
+    if isinstance(arr, ndarray):
+        return arr.__array_interface__["data"][0]
+    return arr.data.ptr
+
+
+def reduction(pg: ProcessGroup, op_name: str, op: Any, dtype: Any) -> Tuple[RedOpType, Any]:
+    """``(kind, factor)`` of ``op``, after checking it is defined for ``dtype``."""
+    try:
+        kind, factor = split_op(op)
+    except TypeError as exc:
+        raise pg.error(op_name, str(exc)) from None
+    if (kind, dtype) not in _REDUCIBLE:
+        problem = reduce_problem(kind, dtype)
+        if problem is not None:
+            raise pg.error(op_name, problem)
+        if kind == RedOpType.PREMUL_SUM and factor is None:
+            raise pg.error(op_name, "PREMUL_SUM needs a factor: use "
+                                    "hpccomm._make_nccl_premul_sum(factor)")
+        if kind != RedOpType.PREMUL_SUM:
+            _REDUCIBLE.add((kind, dtype))
+    return kind, factor
+
+
+def root(pg: ProcessGroup, op: str, global_rank: Optional[int], group_rank: Optional[int],
+         name: str) -> int:
+    """The group rank meant by a ``src``/``dst`` pair, exactly one of which is given."""
+    if group_rank is not None:
+        if global_rank is not None:
+            raise pg.error(op, f"give {name} or group_{name}, not both")
+        pg.global_rank(group_rank, op, f"group_{name}")  # range check
+        return group_rank
+    if global_rank is None:
+        raise pg.error(op, f"{name} (a global rank) or group_{name} (a group rank) is required")
+    if not isinstance(global_rank, int) or isinstance(global_rank, bool):
+        raise pg.error(op, f"{name} must be an int rank, got {global_rank!r}")
+    return pg.group_rank(global_rank, op, name)
+
+
+def count_list(pg: ProcessGroup, op: str, arrays: Sequence[Any], what: str) -> list:
+    """Check a per-rank list has one entry per rank; return it as a list."""
+    if not isinstance(arrays, (list, tuple)):
+        raise pg.error(op, f"{what} must be a list of arrays, got {type(arrays).__name__}")
+    if len(arrays) != pg.size():
+        raise pg.error(op, f"{what} has {len(arrays)} entries, expected one per rank "
+                           f"({pg.size()})")
+    return list(arrays)
+
+
+def launch(pg: ProcessGroup, op: str, start: Callable[..., Work], args: tuple, arr: Any,
+           async_op: bool, peer: Optional[int] = None, timeout: Optional[float] = None,
+           result: Sequence[Any] = ()) -> Optional[Work]:
+    """Start ``start(*args)``, describe the Work, then wait unless ``async_op``."""
+    try:
+        work = start(*args)
+    except DistError:
+        raise
+    except Exception as exc:
+        from .errors import DistBackendError
+        raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
+                               f"'{pg.group_name}' failed to start: {exc}") from exc
+    pg.seq += 1
+    work.seq = pg.seq
+    work.group = pg
+    work.op = op
+    if arr is not None:
+        work.shape = arr.shape
+        work.dtype = arr.dtype
+    work.peer = peer
+    work.timeout = pg.timeout if timeout is None else timeout
+    work._result = result
+    if recorder is not None:
+        work.t_start = _monotonic()
+        recorder(work)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def then(work: Work, step: Callable[[], Any]) -> Work:
+    """Run ``step`` after ``work``'s own finishing step (copy results out of staging)."""
+    first = work._finish
+    if first is None:
+        work._finish = step
+    else:
+        def both() -> Any:
+            value = first()
+            later = step()
+            return value if later is None else later
+        work._finish = both
+    return work
+
+
+def detail_checks_on() -> bool:
+    return _debug.level >= _DETAIL

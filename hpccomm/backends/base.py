@@ -1,0 +1,93 @@
+"""The backend interface: buffers in, :class:`~hpccomm.work.Work` out.
+
+A ``Communicator`` is one backend's handle on one group's processes. It knows ranks as
+positions in that group (0..size-1), takes arrays that the public layer has already
+resolved and validated (contiguous, supported dtype, matching sizes), starts the
+operation without blocking and returns a ``Work``. It knows nothing of ``ProcessGroup``,
+default groups, global ranks or the public API, so a backend is small and testable.
+
+Reductions arrive as ``(kind, factor)``: a :class:`~hpccomm.types.RedOpType` and the
+``PREMUL_SUM`` factor (``None`` otherwise). Counts are in elements.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, Optional, Sequence
+
+from ..types import RedOpType
+from ..work import Work
+
+
+class Communicator(abc.ABC):
+    """One backend's view of a group: ``rank``, ``size`` and the operations below."""
+
+    #: Name under which the backend is registered (``Backend._plugins``).
+    name = "undefined"
+    rank: int
+    size: int
+
+    # -- collectives ------------------------------------------------------------------
+    @abc.abstractmethod
+    def broadcast(self, buf: Any, root: int) -> Work:
+        """Copy ``buf`` of ``root`` into ``buf`` of every rank."""
+
+    @abc.abstractmethod
+    def all_reduce(self, buf: Any, kind: RedOpType, factor: Any) -> Work:
+        """Reduce ``buf`` over all ranks, result in ``buf`` everywhere."""
+
+    @abc.abstractmethod
+    def reduce(self, buf: Any, kind: RedOpType, factor: Any, root: int) -> Work:
+        """Reduce ``buf`` over all ranks into ``buf`` of ``root``; others unchanged."""
+
+    @abc.abstractmethod
+    def all_gather(self, send: Any, recv: Any, counts: Optional[Sequence[int]]) -> Work:
+        """Concatenate every rank's ``send`` into ``recv`` (``counts`` when uneven).
+
+        ``send is None`` means in place: this rank's block already sits in ``recv``.
+        """
+
+    @abc.abstractmethod
+    def gather(self, send: Any, recv: Any, root: int, counts: Optional[Sequence[int]]) -> Work:
+        """Concatenate every rank's ``send`` into ``recv`` of ``root`` (``None`` elsewhere)."""
+
+    @abc.abstractmethod
+    def scatter(self, send: Any, recv: Any, root: int, counts: Optional[Sequence[int]]) -> Work:
+        """Split ``send`` of ``root`` into consecutive blocks, block ``i`` to rank ``i``."""
+
+    @abc.abstractmethod
+    def reduce_scatter(self, send: Any, recv: Any, kind: RedOpType, factor: Any,
+                       counts: Optional[Sequence[int]]) -> Work:
+        """Reduce ``send`` over ranks, block ``i`` of the result into ``recv`` of rank ``i``."""
+
+    @abc.abstractmethod
+    def all_to_all(self, send: Any, recv: Any, send_counts: Optional[Sequence[int]],
+                   recv_counts: Optional[Sequence[int]]) -> Work:
+        """Block ``j`` of ``send`` on rank ``i`` goes to block ``i`` of ``recv`` on rank ``j``."""
+
+    @abc.abstractmethod
+    def barrier(self) -> Work:
+        """Complete once every rank has entered the barrier."""
+
+    # -- point to point -----------------------------------------------------------------
+    @abc.abstractmethod
+    def send(self, buf: Any, dst: int, tag: int) -> Work:
+        """Send ``buf`` to group rank ``dst``."""
+
+    @abc.abstractmethod
+    def recv(self, buf: Any, src: Optional[int], tag: int) -> Work:
+        """Receive into ``buf`` from ``src`` (``None``: any rank); ``finish`` yields the source."""
+
+    def start_batch(self) -> None:
+        """Begin a batch of point-to-point operations (NCCL group call); default no-op."""
+
+    def end_batch(self) -> None:
+        """End a batch begun with :meth:`start_batch`."""
+
+    # -- life cycle ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Release the backend's resources; pending operations are abandoned."""
+
+    def abort(self) -> None:
+        """Tear down after a timeout or error so that nothing blocks (default: shutdown)."""
+        self.shutdown()

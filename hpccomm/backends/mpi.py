@@ -1,0 +1,347 @@
+"""The MPI backend: every operation is one nonblocking MPI call (``Iallreduce``...).
+
+The MPI library's own algorithms do the work; this module only maps arrays to buffer
+specs, ops to ``MPI.Op``, and in-place semantics to ``MPI.IN_PLACE``. Datatype and op
+lookups are cached per dtype, so the hot path is a dict lookup and one MPI call.
+
+Dtypes without an MPI reduction type (bfloat16, and float16 on MPI libraries without
+``MPIX_C_FLOAT16``) are reduced in float32 staging buffers; every dtype is *moved*
+(broadcast, gather, send...) bit-exactly as its own type or as contiguous bytes.
+Booleans reduce with logical ops (SUM/MAX/BOR -> LOR, PRODUCT/MIN/BAND -> LAND,
+BXOR -> LXOR), as torch reduces bool tensors.
+
+The module also holds the communicator plumbing the group layer needs (create, split,
+translate, free), so that no other module touches mpi4py.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import DistBackendError
+from ..types import RedOpType
+from ..work import Work
+from .base import Communicator
+
+IN_PLACE = MPI.IN_PLACE
+ANY_SOURCE = MPI.ANY_SOURCE
+
+_ARITH = {RedOpType.SUM: MPI.SUM, RedOpType.AVG: MPI.SUM, RedOpType.PREMUL_SUM: MPI.SUM,
+          RedOpType.PRODUCT: MPI.PROD, RedOpType.MIN: MPI.MIN, RedOpType.MAX: MPI.MAX,
+          RedOpType.BAND: MPI.BAND, RedOpType.BOR: MPI.BOR, RedOpType.BXOR: MPI.BXOR}
+_LOGICAL = {RedOpType.SUM: MPI.LOR, RedOpType.MAX: MPI.LOR, RedOpType.BOR: MPI.LOR,
+            RedOpType.PRODUCT: MPI.LAND, RedOpType.MIN: MPI.LAND, RedOpType.BAND: MPI.LAND,
+            RedOpType.BXOR: MPI.LXOR}
+
+_PREDEFINED: Dict[Any, Any] = {}
+for _char, _mpitype in MPI._typedict.items():
+    try:
+        _PREDEFINED.setdefault(np.dtype(_char), _mpitype)
+    except TypeError:
+        pass
+_BYTES: Dict[int, Any] = {}  # itemsize -> committed contiguous byte type
+_FLOAT32 = np.dtype(np.float32)
+
+#: (dtype, kind) -> (MPI datatype, MPI op, staging dtype or None)
+_Plan = Tuple[Any, Any, Optional[Any]]
+_PLANS: Dict[Tuple[Any, RedOpType], _Plan] = {}
+
+
+def transfer_type(dtype: Any) -> Any:
+    """The MPI datatype that moves one element of ``dtype`` bit-exactly."""
+    mpitype = _PREDEFINED.get(dtype)
+    if mpitype is None:
+        mpitype = _BYTES.get(dtype.itemsize)
+        if mpitype is None:
+            mpitype = _BYTES[dtype.itemsize] = MPI.BYTE.Create_contiguous(dtype.itemsize)
+            mpitype.Commit()
+    return mpitype
+
+
+def _plan(dtype: Any, kind: RedOpType) -> _Plan:
+    """How to reduce ``dtype`` with ``kind``: type, op, staging dtype (cached)."""
+    plan = _PLANS.get((dtype, kind))
+    if plan is None:
+        if dtype.kind == "b":
+            plan = (_PREDEFINED[dtype], _LOGICAL[kind], None)
+        elif dtype in _PREDEFINED and dtype.name != "bfloat16":
+            plan = (_PREDEFINED[dtype], _ARITH[kind], None)
+        else:  # bfloat16, or float16 on an MPI without a half type: reduce in float32
+            plan = (MPI.FLOAT, _ARITH[kind], _FLOAT32)
+        _PLANS[(dtype, kind)] = plan
+    return plan
+
+
+def _displacements(counts: Sequence[int]) -> List[int]:
+    displs, total = [], 0
+    for count in counts:
+        displs.append(total)
+        total += count
+    return displs
+
+
+def _premultiply(buf: np.ndarray, factor: Any, out: Optional[np.ndarray] = None) -> np.ndarray:
+    factor = np.asarray(factor).reshape(())
+    return np.multiply(buf, factor, out=out, casting="unsafe") if out is not None else (
+        (buf * factor).astype(buf.dtype, copy=False))
+
+
+class MPICommunicator(Communicator):
+    """A group's MPI communicator driven through nonblocking MPI calls."""
+
+    name = "mpi"
+
+    def __init__(self, comm: Any, timeout: Optional[float] = None):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.timeout = timeout
+
+    # -- helpers --------------------------------------------------------------------
+    def _post(self, buf: np.ndarray, kind: RedOpType):
+        """The in-place step after a sum for AVG (divide by the group size)."""
+        if kind == RedOpType.AVG:
+            size = self.size
+
+            def average() -> None:
+                np.true_divide(buf, size, out=buf, casting="unsafe")
+            return average
+        return None
+
+    @staticmethod
+    def _chain(*steps):
+        steps = [step for step in steps if step is not None]
+        if not steps:
+            return None
+        if len(steps) == 1:
+            return steps[0]
+
+        def run() -> None:
+            for step in steps:
+                step()
+        return run
+
+    # -- collectives ----------------------------------------------------------------
+    def broadcast(self, buf: np.ndarray, root: int) -> Work:
+        req = self.comm.Ibcast([buf, transfer_type(buf.dtype)], root)
+        return Work(req.Test)
+
+    def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Work:
+        plan = _PLANS.get((buf.dtype, kind)) or _plan(buf.dtype, kind)
+        mpitype, op, stage = plan
+        if stage is None:
+            if kind == RedOpType.PREMUL_SUM:
+                _premultiply(buf, factor, out=buf)
+            req = self.comm.Iallreduce(IN_PLACE, [buf, mpitype], op)
+            if kind is RedOpType.SUM:
+                return Work(req.Test)
+            return Work(req.Test, self._post(buf, kind))
+        tmp = buf.astype(stage)
+        if kind == RedOpType.PREMUL_SUM:
+            _premultiply(tmp, factor, out=tmp)
+        req = self.comm.Iallreduce(IN_PLACE, [tmp, mpitype], op)
+        return Work(req.Test, self._chain(self._post(tmp, kind), _copy_back(tmp, buf)), tmp)
+
+    def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Work:
+        mpitype, op, stage = _PLANS.get((buf.dtype, kind)) or _plan(buf.dtype, kind)
+        at_root = self.rank == root
+        work_buf = buf if stage is None else buf.astype(stage)
+        if kind == RedOpType.PREMUL_SUM:
+            if at_root or work_buf is not buf:
+                _premultiply(work_buf, factor, out=work_buf)
+            else:  # the caller's buffer stays untouched on non-roots
+                work_buf = _premultiply(buf, factor)
+        if at_root:
+            req = self.comm.Ireduce(IN_PLACE, [work_buf, mpitype], op, root)
+            finish = self._chain(self._post(work_buf, kind),
+                                 None if work_buf is buf else _copy_back(work_buf, buf))
+            return Work(req.Test, finish, work_buf)
+        req = self.comm.Ireduce([work_buf, mpitype], None, op, root)
+        return Work(req.Test, None, work_buf)
+
+    def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
+                   counts: Optional[Sequence[int]]) -> Work:
+        mpitype = transfer_type(recv.dtype)
+        sendspec = IN_PLACE if send is None else [send, mpitype]
+        if counts is None:
+            req = self.comm.Iallgather(sendspec, [recv, mpitype])
+        else:
+            req = self.comm.Iallgatherv(sendspec, [recv, (counts, _displacements(counts)),
+                                                   mpitype])
+        return Work(req.Test)
+
+    def gather(self, send: np.ndarray, recv: Optional[np.ndarray], root: int,
+               counts: Optional[Sequence[int]]) -> Work:
+        mpitype = transfer_type(send.dtype)
+        if counts is None:
+            recvspec = [recv, mpitype] if recv is not None else None
+            req = self.comm.Igather([send, mpitype], recvspec, root)
+        else:
+            recvspec = ([recv, (counts, _displacements(counts)), mpitype]
+                        if recv is not None else None)
+            req = self.comm.Igatherv([send, mpitype], recvspec, root)
+        return Work(req.Test)
+
+    def scatter(self, send: Optional[np.ndarray], recv: np.ndarray, root: int,
+                counts: Optional[Sequence[int]]) -> Work:
+        mpitype = transfer_type(recv.dtype)
+        if counts is None:
+            sendspec = [send, mpitype] if send is not None else None
+            req = self.comm.Iscatter(sendspec, [recv, mpitype], root)
+        else:
+            sendspec = ([send, (counts, _displacements(counts)), mpitype]
+                        if send is not None else None)
+            req = self.comm.Iscatterv(sendspec, [recv, mpitype], root)
+        return Work(req.Test)
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
+                       factor: Any, counts: Optional[Sequence[int]]) -> Work:
+        mpitype, op, stage = _PLANS.get((send.dtype, kind)) or _plan(send.dtype, kind)
+        work_send, work_recv = send, recv
+        if stage is not None:
+            work_send, work_recv = send.astype(stage), np.empty(recv.shape, stage)
+        if kind == RedOpType.PREMUL_SUM:
+            work_send = (_premultiply(work_send, factor, out=work_send)
+                         if work_send is not send else _premultiply(send, factor))
+        if counts is None:
+            req = self.comm.Ireduce_scatter_block([work_send, mpitype], [work_recv, mpitype], op)
+        else:
+            req = self.comm.Ireduce_scatter([work_send, mpitype], [work_recv, mpitype],
+                                            list(counts), op)
+        finish = self._chain(self._post(work_recv, kind),
+                             None if work_recv is recv else _copy_back(work_recv, recv))
+        return Work(req.Test, finish, (work_send, work_recv))
+
+    def all_to_all(self, send: np.ndarray, recv: np.ndarray,
+                   send_counts: Optional[Sequence[int]],
+                   recv_counts: Optional[Sequence[int]]) -> Work:
+        mpitype = transfer_type(recv.dtype)
+        if send_counts is None and recv_counts is None:
+            req = self.comm.Ialltoall([send, mpitype], [recv, mpitype])
+        else:
+            req = self.comm.Ialltoallv(
+                [send, (send_counts, _displacements(send_counts)), mpitype],
+                [recv, (recv_counts, _displacements(recv_counts)), mpitype])
+        return Work(req.Test)
+
+    def barrier(self) -> Work:
+        return Work(self.comm.Ibarrier().Test)
+
+    # -- point to point ---------------------------------------------------------------
+    def send(self, buf: np.ndarray, dst: int, tag: int) -> Work:
+        req = self.comm.Isend([buf, transfer_type(buf.dtype)], dst, tag)
+        return Work(req.Test)
+
+    def recv(self, buf: np.ndarray, src: Optional[int], tag: int) -> Work:
+        status = MPI.Status()
+        req = self.comm.Irecv([buf, transfer_type(buf.dtype)],
+                              ANY_SOURCE if src is None else src, tag)
+
+        def test() -> bool:
+            return req.Test(status)
+        return Work(test, status.Get_source)
+
+    # -- life cycle -------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Nothing to release: the group layer owns and frees the communicator."""
+
+    def abort(self) -> None:
+        """Abort every process of the communicator (MPI offers no local abort)."""
+        self.comm.Abort(1)
+
+
+def _copy_back(src: np.ndarray, dst: np.ndarray):
+    def copy() -> None:
+        np.copyto(dst, src, casting="unsafe")
+    return copy
+
+
+# -- communicator plumbing for the group layer ------------------------------------------
+def world() -> Any:
+    """``MPI.COMM_WORLD`` (MPI is initialized by importing mpi4py.MPI if needed)."""
+    return MPI.COMM_WORLD
+
+
+def thread_level() -> int:
+    return MPI.Query_thread()
+
+
+def library_version() -> str:
+    return MPI.Get_library_version().strip().splitlines()[0]
+
+
+def tag_upper_bound(comm: Any) -> int:
+    return int(comm.Get_attr(MPI.TAG_UB))
+
+
+def dup(comm: Any) -> Any:
+    new = comm.Dup()
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    return new
+
+
+def create_subcomm(parent: Any, ranks: Sequence[int], tag: int) -> Any:
+    """A communicator of ``ranks`` (parent numbering, in that order); members only call it."""
+    group = parent.Get_group().Incl(list(ranks))
+    try:
+        new = parent.Create_group(group, tag)
+    finally:
+        group.Free()
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    return new
+
+
+def split(parent: Any, color: Optional[int], key: int) -> Optional[Any]:
+    """``MPI_Comm_split``: ``None`` color means this rank joins no new communicator."""
+    new = parent.Split(MPI.UNDEFINED if color is None else color, key)
+    if new == MPI.COMM_NULL:
+        return None
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    return new
+
+
+def node_local(comm: Any) -> Tuple[int, int]:
+    """This rank's index and the count of ``comm``'s ranks on its node (shared memory)."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def ranks_in(comm: Any, other: Any) -> List[int]:
+    """For each rank of ``comm``, its rank in ``other``."""
+    mine, theirs = comm.Get_group(), other.Get_group()
+    try:
+        return list(MPI.Group.Translate_ranks(mine, list(range(mine.Get_size())), theirs))
+    finally:
+        mine.Free()
+        theirs.Free()
+
+
+def free(comm: Any) -> None:
+    """Release a communicator; safe on ``None`` and after ``MPI_Finalize``."""
+    if comm is not None and not MPI.Is_finalized() and comm != MPI.COMM_NULL:
+        try:
+            comm.Free()
+        except MPI.Exception:
+            pass
+
+
+def is_mpi_error(exc: BaseException) -> bool:
+    return isinstance(exc, MPI.Exception)
+
+
+def error_text(exc: BaseException) -> str:
+    if isinstance(exc, MPI.Exception):
+        return exc.Get_error_string().strip()
+    return str(exc)
+
+
+def backend_error(context: str, exc: BaseException) -> DistBackendError:
+    """An MPI error converted at the boundary: context plus MPI's own text."""
+    error = DistBackendError(f"{context}: MPI error: {error_text(exc)}")
+    error.__cause__ = exc
+    return error

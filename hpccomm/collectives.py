@@ -1,0 +1,326 @@
+"""Collective operations on arrays, with torch.distributed's names and semantics.
+
+Each function resolves its group, validates its arguments once through :mod:`._call`,
+and starts one nonblocking backend operation. With ``async_op=True`` it returns the
+:class:`~hpccomm.work.Work`; otherwise it waits (under the group's timeout) and returns
+``None``. Results are written into the caller's arrays exactly where torch writes into
+tensors. ``src``/``dst`` are global ranks; ``group_src``/``group_dst`` are group ranks.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+from . import _call
+from .group import GroupLike, registry, resolve
+from .types import ReduceOp, timeout_seconds
+from .work import Work
+
+_SUM = ReduceOp.SUM
+
+
+def _group(group: GroupLike, op: str):
+    if group is None:
+        world = registry.world
+        if world is not None:
+            return world
+    return resolve(group, op)
+
+
+def broadcast(tensor: Any, src: Optional[int] = None, group: GroupLike = None,
+              async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group."""
+    pg = _group(group, "broadcast")
+    root = _call.root(pg, "broadcast", src, group_src, "src")
+    comm, arr = _call.array(pg, "broadcast", tensor)
+    return _call.launch(pg, "broadcast", comm.broadcast, (arr, root), arr, async_op, root,
+                        result=(tensor,))
+
+
+def all_reduce(tensor: Any, op: Any = _SUM, group: GroupLike = None,
+               async_op: bool = False) -> Optional[Work]:
+    """Reduce ``tensor`` over the group; every rank gets the result in ``tensor``."""
+    pg = _group(group, "all_reduce")
+    comm, arr = _call.array(pg, "all_reduce", tensor)
+    kind, factor = _call.reduction(pg, "all_reduce", op, arr.dtype)
+    return _call.launch(pg, "all_reduce", comm.all_reduce, (arr, kind, factor), arr,
+                        async_op, result=(tensor,))
+
+
+def reduce(tensor: Any, dst: Optional[int] = None, op: Any = _SUM, group: GroupLike = None,
+           async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+    """Reduce ``tensor`` over the group into ``tensor`` of rank ``dst`` only."""
+    pg = _group(group, "reduce")
+    root = _call.root(pg, "reduce", dst, group_dst, "dst")
+    comm, arr = _call.array(pg, "reduce", tensor, output=pg.rank() == root)
+    kind, factor = _call.reduction(pg, "reduce", op, arr.dtype)
+    return _call.launch(pg, "reduce", comm.reduce, (arr, kind, factor, root), arr,
+                        async_op, root, result=(tensor,))
+
+
+def _uneven_counts(sizes: Sequence[int]) -> Optional[List[int]]:
+    """``None`` when all blocks have one size (regular collective), else the counts."""
+    first = sizes[0]
+    return None if all(size == first for size in sizes) else list(sizes)
+
+
+def _outputs(pg, op: str, comm, dtype, tensors: Sequence[Any], what: str) -> List[Any]:
+    """Validate a per-rank list of output arrays; return them as arrays."""
+    arrays = []
+    for index, tensor in enumerate(_call.count_list(pg, op, tensors, what)):
+        out_comm, arr = _call.array(pg, op, tensor, f"{what}[{index}]")
+        _call.same_device(pg, op, comm, out_comm, f"{what}[{index}]")
+        _call.same_dtype(pg, op, dtype, arr, f"{what}[{index}]")
+        arrays.append(arr)
+    return arrays
+
+
+def _scatter_into(staging: Any, outputs: Sequence[Any]):
+    """A step that copies consecutive blocks of ``staging`` into ``outputs``."""
+    def copy_out() -> None:
+        offset = 0
+        for out in outputs:
+            out.reshape(-1)[...] = staging[offset:offset + out.size]
+            offset += out.size
+    return copy_out
+
+
+def _concatenate(inputs: Sequence[Any], like: Any) -> Any:
+    staging = _call.empty(like, sum(arr.size for arr in inputs))
+    offset = 0
+    for arr in inputs:
+        staging[offset:offset + arr.size] = arr.reshape(-1)
+        offset += arr.size
+    return staging
+
+
+def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
+               async_op: bool = False) -> Optional[Work]:
+    """Gather every rank's ``tensor`` into ``tensor_list`` on every rank (sizes may differ)."""
+    op = "all_gather"
+    pg = _group(group, op)
+    comm, arr = _call.array(pg, op, tensor, output=False)
+    outputs = _outputs(pg, op, comm, arr.dtype, tensor_list, "tensor_list")
+    counts = [out.size for out in outputs]
+    if counts[pg.rank()] != arr.size:
+        raise pg.error(op, f"tensor has {arr.size} elements but tensor_list[{pg.rank()}] "
+                           f"has {counts[pg.rank()]}")
+    staging = _call.empty(arr, sum(counts))
+    work = _call.launch(pg, op, comm.all_gather, (arr.reshape(-1), staging,
+                        _uneven_counts(counts)), arr, True, result=tuple(tensor_list))
+    return _finish_into(work, staging, outputs, async_op)
+
+
+def _finish_into(work: Work, staging: Any, outputs: Sequence[Any], async_op: bool
+                 ) -> Optional[Work]:
+    _call.then(work, _scatter_into(staging, outputs))
+    work._keep = staging
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLike = None,
+                           async_op: bool = False) -> Optional[Work]:
+    """Concatenate every rank's ``input_tensor`` into ``output_tensor`` (rank order).
+
+    If ``input_tensor`` is this rank's block of ``output_tensor`` (a view), the gather runs
+    in place (``MPI_IN_PLACE``) with no extra copy.
+    """
+    op = "all_gather_into_tensor"
+    pg = _group(group, op)
+    comm, out = _call.array(pg, op, output_tensor, "output_tensor")
+    in_comm, arr = _call.array(pg, op, input_tensor, "input_tensor", output=False)
+    _call.same_device(pg, op, comm, in_comm, "input_tensor")
+    _call.same_dtype(pg, op, out.dtype, arr, "input_tensor")
+    if out.size != arr.size * pg.size():
+        raise pg.error(op, f"output_tensor has {out.size} elements, expected "
+                           f"{pg.size()} x {arr.size} (group size x input size)")
+    in_place = (arr.size and _call.address(arr) ==
+                _call.address(out) + pg.rank() * arr.nbytes)
+    send = None if in_place else arr
+    return _call.launch(pg, op, comm.all_gather, (send, out, None), arr, async_op,
+                        result=(output_tensor,))
+
+
+def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[int] = None,
+           group: GroupLike = None, async_op: bool = False,
+           group_dst: Optional[int] = None) -> Optional[Work]:
+    """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst``."""
+    op = "gather"
+    pg = _group(group, op)
+    root = _call.root(pg, op, dst, group_dst, "dst")
+    comm, arr = _call.array(pg, op, tensor, output=False)
+    if pg.rank() != root:
+        if gather_list:
+            raise pg.error(op, "gather_list must be None or empty on ranks other than dst")
+        return _call.launch(pg, op, comm.gather, (arr.reshape(-1), None, root, []), arr,
+                            async_op, root)
+    if gather_list is None:
+        raise pg.error(op, "gather_list is required on the destination rank")
+    outputs = _outputs(pg, op, comm, arr.dtype, gather_list, "gather_list")
+    counts = [out.size for out in outputs]
+    if counts[root] != arr.size:
+        raise pg.error(op, f"tensor has {arr.size} elements but gather_list[{root}] has "
+                           f"{counts[root]}")
+    staging = _call.empty(arr, sum(counts))
+    work = _call.launch(pg, op, comm.gather, (arr.reshape(-1), staging, root, counts), arr,
+                        True, root, result=tuple(gather_list))
+    return _finish_into(work, staging, outputs, async_op)
+
+
+def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None,
+            group: GroupLike = None, async_op: bool = False,
+            group_src: Optional[int] = None) -> Optional[Work]:
+    """Give entry ``i`` of ``scatter_list`` on rank ``src`` to ``tensor`` of group rank ``i``."""
+    op = "scatter"
+    pg = _group(group, op)
+    root = _call.root(pg, op, src, group_src, "src")
+    comm, out = _call.array(pg, op, tensor)
+    if pg.rank() != root:
+        if scatter_list:
+            raise pg.error(op, "scatter_list must be None or empty on ranks other than src")
+        return _call.launch(pg, op, comm.scatter, (None, out.reshape(-1), root, []), out,
+                            async_op, root, result=(tensor,))
+    if scatter_list is None:
+        raise pg.error(op, "scatter_list is required on the source rank")
+    inputs = []
+    for index, item in enumerate(_call.count_list(pg, op, scatter_list, "scatter_list")):
+        in_comm, arr = _call.array(pg, op, item, f"scatter_list[{index}]", output=False)
+        _call.same_device(pg, op, comm, in_comm, f"scatter_list[{index}]")
+        _call.same_dtype(pg, op, out.dtype, arr, f"scatter_list[{index}]")
+        inputs.append(arr)
+    counts = [arr.size for arr in inputs]
+    if counts[root] != out.size:
+        raise pg.error(op, f"tensor has {out.size} elements but scatter_list[{root}] has "
+                           f"{counts[root]}")
+    staging = _concatenate(inputs, out)
+    work = _call.launch(pg, op, comm.scatter, (staging, out.reshape(-1), root, counts), out,
+                        True, root, result=(tensor,))
+    work._keep = staging
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: GroupLike = None,
+                   async_op: bool = False) -> Optional[Work]:
+    """Reduce ``input_list`` element-wise over ranks; rank ``i`` gets entry ``i`` in ``output``."""
+    name = "reduce_scatter"
+    pg = _group(group, name)
+    comm, out = _call.array(pg, name, output, "output")
+    inputs = []
+    for index, item in enumerate(_call.count_list(pg, name, input_list, "input_list")):
+        in_comm, arr = _call.array(pg, name, item, f"input_list[{index}]", output=False)
+        _call.same_device(pg, name, comm, in_comm, f"input_list[{index}]")
+        _call.same_dtype(pg, name, out.dtype, arr, f"input_list[{index}]")
+        inputs.append(arr)
+    counts = [arr.size for arr in inputs]
+    if counts[pg.rank()] != out.size:
+        raise pg.error(name, f"output has {out.size} elements but input_list[{pg.rank()}] "
+                             f"has {counts[pg.rank()]}")
+    kind, factor = _call.reduction(pg, name, op, out.dtype)
+    staging = _concatenate(inputs, out)
+    work = _call.launch(pg, name, comm.reduce_scatter,
+                        (staging, out.reshape(-1), kind, factor, _uneven_counts(counts)), out,
+                        True, result=(output,))
+    work._keep = staging
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupLike = None,
+                          async_op: bool = False) -> Optional[Work]:
+    """Reduce ``input`` over ranks; rank ``i`` gets block ``i`` of the result in ``output``."""
+    name = "reduce_scatter_tensor"
+    pg = _group(group, name)
+    comm, out = _call.array(pg, name, output, "output")
+    in_comm, arr = _call.array(pg, name, input, "input", output=False)
+    _call.same_device(pg, name, comm, in_comm, "input")
+    _call.same_dtype(pg, name, out.dtype, arr, "input")
+    if arr.size != out.size * pg.size():
+        raise pg.error(name, f"input has {arr.size} elements, expected {pg.size()} x "
+                             f"{out.size} (group size x output size)")
+    kind, factor = _call.reduction(pg, name, op, out.dtype)
+    return _call.launch(pg, name, comm.reduce_scatter, (arr, out, kind, factor, None), arr,
+                        async_op, result=(output,))
+
+
+def _splits(pg, op: str, arr: Any, splits: Optional[Sequence[int]], what: str) -> List[int]:
+    """Element counts per rank from row splits along dim 0 (``None``: equal rows)."""
+    rows = arr.shape[0] if arr.ndim else 1
+    row_size = arr.size // rows if rows else 0
+    if splits is None:
+        if rows % pg.size():
+            raise pg.error(op, f"{what} has {rows} rows, not divisible by the group size "
+                               f"{pg.size()}; pass split sizes")
+        return [rows // pg.size() * row_size] * pg.size()
+    splits = [int(s) for s in splits]
+    if len(splits) != pg.size() or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise pg.error(op, f"{what} split sizes {splits} must be {pg.size()} non-negative "
+                           f"row counts summing to {rows}")
+    return [s * row_size for s in splits]
+
+
+def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List[int]] = None,
+                      input_split_sizes: Optional[List[int]] = None, group: GroupLike = None,
+                      async_op: bool = False) -> Optional[Work]:
+    """Split ``input`` along dim 0, send block ``j`` to rank ``j``, gather into ``output``.
+
+    Without split sizes the blocks are equal (``MPI_Alltoall``); with them,
+    ``MPI_Alltoallv``. All ranks must pass split sizes, or none.
+    """
+    name = "all_to_all_single"
+    pg = _group(group, name)
+    comm, out = _call.array(pg, name, output, "output")
+    in_comm, arr = _call.array(pg, name, input, "input", output=False)
+    _call.same_device(pg, name, comm, in_comm, "input")
+    _call.same_dtype(pg, name, out.dtype, arr, "input")
+    if output_split_sizes is None and input_split_sizes is None:
+        if arr.size != out.size or arr.size % pg.size():
+            raise pg.error(name, f"input ({arr.size} elements) and output ({out.size}) must "
+                                 f"have equal sizes divisible by the group size {pg.size()}")
+        args = (arr, out, None, None)
+    else:
+        args = (arr, out, _splits(pg, name, arr, input_split_sizes, "input"),
+                _splits(pg, name, out, output_split_sizes, "output"))
+    return _call.launch(pg, name, comm.all_to_all, args, arr, async_op, result=(output,))
+
+
+def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
+               group: GroupLike = None, async_op: bool = False) -> Optional[Work]:
+    """Send ``input_tensor_list[j]`` to rank ``j``; receive rank ``j``'s into ``output[j]``."""
+    name = "all_to_all"
+    pg = _group(group, name)
+    inputs_raw = _call.count_list(pg, name, input_tensor_list, "input_tensor_list")
+    comm, first = _call.array(pg, name, inputs_raw[0], "input_tensor_list[0]", output=False)
+    inputs = [first]
+    for index, item in enumerate(inputs_raw[1:], 1):
+        in_comm, arr = _call.array(pg, name, item, f"input_tensor_list[{index}]", output=False)
+        _call.same_device(pg, name, comm, in_comm, f"input_tensor_list[{index}]")
+        _call.same_dtype(pg, name, first.dtype, arr, f"input_tensor_list[{index}]")
+        inputs.append(arr)
+    outputs = _outputs(pg, name, comm, first.dtype, output_tensor_list, "output_tensor_list")
+    staging_in = _concatenate(inputs, first)
+    staging_out = _call.empty(first, sum(out.size for out in outputs))
+    work = _call.launch(pg, name, comm.all_to_all,
+                        (staging_in, staging_out, [a.size for a in inputs],
+                         [o.size for o in outputs]), first, True,
+                        result=tuple(output_tensor_list))
+    work._keep = (staging_in, staging_out)
+    _call.then(work, _scatter_into(staging_out, outputs))
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = None,
+            timeout: Any = None) -> Optional[Work]:
+    """Return once every rank of the group has entered the barrier (or raise on timeout)."""
+    pg = _group(group, "barrier")
+    return _call.launch(pg, "barrier", pg.cpu.barrier, (), None, async_op,
+                        timeout=timeout_seconds(timeout))

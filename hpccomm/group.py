@@ -1,0 +1,404 @@
+"""Process groups: an MPI communicator plus one backend communicator per device type.
+
+A :class:`ProcessGroup` owns its MPI communicator (the world's is a ``Dup`` of
+``COMM_WORLD``, so user code on ``COMM_WORLD`` never mixes with ours). Group creation is
+members-only (``MPI_Comm_create_group``), so ranks outside a new group need not take
+part. The registry of live groups is one explicit object, :data:`registry`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from .errors import DistBackendError, DistError, DistValueError
+from .types import NON_GROUP_MEMBER, Backend, timeout_seconds
+
+
+def _mpi():
+    from .backends import mpi  # imported on first use: importing it initializes MPI
+
+    return mpi
+
+
+class ProcessGroup:
+    """A set of processes that communicate together, as torch's ``ProcessGroup``.
+
+    ``rank()``/``size()`` are this process's position and the group's size;
+    ``ranks`` are the members' global ranks in group-rank order.
+    """
+
+    def __init__(self, comm: Any, *, name: str, world_ranks: Sequence[int],
+                 timeout: Optional[float], backends: Dict[str, str], desc: str = ""):
+        self.comm = comm
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
+        self.ranks: Tuple[int, ...] = tuple(world_ranks)
+        self._group_rank_of = {g: i for i, g in enumerate(self.ranks)}
+        self.group_name = name
+        self.group_desc = desc or name
+        self.timeout = timeout
+        self.backend_names = dict(backends)
+        self.seq = 0
+        self.live = True
+        self._communicators: Dict[str, Any] = {}
+        self.cpu = self.communicator("cpu")
+        self.bound_device_id: Optional[int] = None
+
+    # -- torch's ProcessGroup surface ---------------------------------------------------
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def name(self) -> str:
+        """The backend name, as ``ProcessGroup.name()`` in torch."""
+        return self.backend_string()
+
+    def backend_string(self) -> str:
+        names = self.backend_names
+        if len(set(names.values())) == 1:
+            return next(iter(names.values()))
+        return ",".join(f"{device}:{backend}" for device, backend in names.items())
+
+    def __repr__(self) -> str:
+        return (f"<ProcessGroup '{self.group_name}' rank {self._rank}/{self._size} "
+                f"ranks={list(self.ranks)} backend={self.backend_string()}>")
+
+    # -- backends -------------------------------------------------------------------------
+    def communicator(self, device: str) -> Any:
+        """This group's backend communicator for arrays on ``device`` (created once)."""
+        found = self._communicators.get(device)
+        if found is not None:
+            return found
+        if not self.live:
+            raise DistValueError(f"group '{self.group_name}' was destroyed")
+        name = self.backend_names.get(device)
+        if name is None:
+            raise DistValueError(
+                f"rank {self._rank} of group '{self.group_name}': no backend for {device} "
+                f"arrays (backends: {self.backend_string()})")
+        creator, devices, _ = Backend._plugins[name]
+        if isinstance(creator, str):
+            module, _, attr = creator.partition(":")
+            creator = getattr(importlib.import_module(module), attr)
+        try:
+            made = creator(self.comm, self.timeout)
+        except DistError:
+            raise
+        except Exception as exc:
+            raise DistBackendError(f"rank {self._rank} of group '{self.group_name}': "
+                                   f"cannot start backend '{name}' for {device}: {exc}") from exc
+        self._communicators[device] = made
+        return made
+
+    # -- rank translation -------------------------------------------------------------
+    def group_rank(self, global_rank: int, op: str = "get_group_rank", what: str = "rank") -> int:
+        """The group rank of ``global_rank``; a clear error if it is not a member."""
+        found = self._group_rank_of.get(global_rank)
+        if found is None:
+            raise self.error(op, f"{what} {global_rank} is not a member of this group "
+                                 f"(members: global ranks {list(self.ranks)})")
+        return found
+
+    def global_rank(self, group_rank: int, op: str = "get_global_rank", what: str = "rank") -> int:
+        if not isinstance(group_rank, int) or not 0 <= group_rank < self._size:
+            raise self.error(op, f"{what} {group_rank!r} is out of range for a group of "
+                                 f"size {self._size}")
+        return self.ranks[group_rank]
+
+    def error(self, op: str, message: str) -> DistValueError:
+        """An argument error naming the operation, this rank and this group."""
+        return DistValueError(f"hpccomm.{op} on rank {self._rank}/{self._size} of group "
+                              f"'{self.group_name}': {message}")
+
+    # -- teardown -------------------------------------------------------------------------
+    def shutdown(self, abort: bool = False) -> None:
+        """Release backend communicators, then the MPI communicator."""
+        if not self.live:
+            return
+        self.live = False
+        for communicator in list(self._communicators.values()):
+            try:
+                communicator.abort() if abort else communicator.shutdown()
+            except Exception:
+                pass
+        self._communicators.clear()
+        _mpi().free(self.comm)
+        self.comm = None
+
+
+class Registry:
+    """The process's distributed state: the default group and every live group."""
+
+    def __init__(self) -> None:
+        self.world: Optional[ProcessGroup] = None
+        self.groups: Dict[str, ProcessGroup] = {}
+        self.name_counts: Dict[Tuple[int, ...], int] = {}
+        self.store: Any = None
+        self.backend_spec: Dict[str, str] = {}
+        self.timeout: Optional[float] = None
+
+    def add(self, pg: ProcessGroup) -> ProcessGroup:
+        self.groups[pg.group_name] = pg
+        return pg
+
+    def unique_name(self, ranks: Sequence[int], prefix: str = "ranks") -> str:
+        """A name that every member derives alike: ranks plus how often they were grouped."""
+        key = tuple(ranks)
+        count = self.name_counts.get(key, 0)
+        self.name_counts[key] = count + 1
+        shown = ",".join(map(str, key)) if len(key) <= 8 else f"{key[0]},...,{key[-1]}"
+        return f"{prefix}[{shown}]" + (f"#{count}" if count else "")
+
+    def clear(self) -> None:
+        self.__init__()
+
+
+registry = Registry()
+
+
+class _WorldAccess(type):
+    """Makes ``group.WORLD``/``GroupMember.WORLD`` read the live default group."""
+
+    @property
+    def WORLD(cls) -> Optional[ProcessGroup]:
+        return registry.world
+
+
+class group(metaclass=_WorldAccess):
+    """``group.WORLD`` is the default group (``None`` before ``init_process_group``)."""
+
+
+class GroupMember(metaclass=_WorldAccess):
+    """``GroupMember.WORLD`` and ``GroupMember.NON_GROUP_MEMBER``, as in torch."""
+
+    NON_GROUP_MEMBER = NON_GROUP_MEMBER
+
+
+GroupLike = Optional[Union[ProcessGroup, Any]]
+
+
+def not_initialized(op: str) -> DistValueError:
+    return DistValueError(f"hpccomm.{op}: the default process group is not initialized; "
+                          f"call hpccomm.init_process_group() first")
+
+
+def resolve(group: GroupLike, op: str) -> ProcessGroup:
+    """The live ``ProcessGroup`` meant by ``group`` (``None`` = default), or a clear error."""
+    if group is None:
+        world = registry.world
+        if world is None:
+            raise not_initialized(op)
+        return world
+    if type(group) is ProcessGroup:
+        if not group.live:
+            raise DistValueError(f"hpccomm.{op}: group '{group.group_name}' was destroyed")
+        if registry.world is None:
+            raise not_initialized(op)
+        return group
+    if group is NON_GROUP_MEMBER:
+        world = registry.world
+        rank = world.rank() if world is not None else "?"
+        raise DistValueError(f"hpccomm.{op} on global rank {rank}: this rank is not a member "
+                             f"of the group it passed (new_group returned "
+                             f"GroupMember.NON_GROUP_MEMBER here)")
+    as_group = getattr(group, "_as_process_group", None)  # e.g. a 1-D DeviceMesh
+    if as_group is not None:
+        return resolve(as_group(), op)
+    raise TypeError(f"hpccomm.{op}: group must be a ProcessGroup or None, got "
+                    f"{type(group).__name__}")
+
+
+# -- queries ------------------------------------------------------------------------------
+def get_rank(group: GroupLike = None) -> int:
+    """This process's rank in ``group`` (default group if ``None``); -1 if not a member."""
+    if group is NON_GROUP_MEMBER:
+        return -1
+    return resolve(group, "get_rank").rank()
+
+
+def get_world_size(group: GroupLike = None) -> int:
+    """Number of processes in ``group``; -1 if this rank is not a member."""
+    if group is NON_GROUP_MEMBER:
+        return -1
+    return resolve(group, "get_world_size").size()
+
+
+def get_backend(group: GroupLike = None) -> Backend:
+    """The backend of ``group``, e.g. ``"mpi"`` or ``"cpu:mpi,cuda:nccl"``."""
+    return Backend(resolve(group, "get_backend").backend_string())
+
+
+def get_group_rank(group: Any, global_rank: int) -> int:
+    """Translate a global rank into a rank of ``group``."""
+    return resolve(group, "get_group_rank").group_rank(global_rank)
+
+
+def get_global_rank(group: Any, group_rank: int) -> int:
+    """Translate a rank of ``group`` into a global rank."""
+    return resolve(group, "get_global_rank").global_rank(group_rank)
+
+
+def get_process_group_ranks(group: GroupLike) -> List[int]:
+    """The global ranks of ``group``'s members, in group-rank order."""
+    return list(resolve(group, "get_process_group_ranks").ranks)
+
+
+# -- creation -----------------------------------------------------------------------------
+def _backend_map(backend: Any, op: str) -> Dict[str, str]:
+    """``{"cpu": "mpi", "cuda": "nccl"}`` from any accepted backend spelling."""
+    if backend is None:
+        return dict(registry.backend_spec or Backend.default_device_backend_map)
+    spec = str(backend).lower()
+    if ":" in spec:
+        mapping: Dict[str, str] = {}
+        for part in spec.split(","):
+            device, _, name = part.strip().partition(":")
+            mapping[device.strip()] = _known_backend(name.strip(), op)
+        return mapping
+    name = _known_backend(spec, op)
+    devices = Backend._plugins[name][1]
+    return {device: name for device in devices}
+
+
+def _known_backend(name: str, op: str) -> str:
+    canonical = Backend.canonical(name)
+    if canonical not in Backend._plugins:
+        raise DistValueError(f"hpccomm.{op}: unknown backend '{name}'; registered: "
+                             f"{sorted(Backend._plugins)} (and aliases {sorted(Backend._aliases)})")
+    return canonical
+
+
+def _make_group(comm: Any, name: str, timeout: Any, backend: Any, desc: Optional[str],
+                op: str) -> ProcessGroup:
+    world = registry.world
+    world_ranks = _mpi().ranks_in(comm, world.comm)
+    seconds = timeout_seconds(timeout, registry.timeout)
+    pg = ProcessGroup(comm, name=name, world_ranks=world_ranks, timeout=seconds,
+                      backends=_backend_map(backend, op), desc=desc or name)
+    return registry.add(pg)
+
+
+def _check_ranks(ranks: Iterable[int], op: str) -> List[int]:
+    world = resolve(None, op)
+    checked = []
+    for rank in ranks:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world.size():
+            raise world.error(op, f"rank {rank!r} is not a valid global rank "
+                                  f"(world size {world.size()})")
+        checked.append(rank)
+    if len(set(checked)) != len(checked):
+        raise world.error(op, f"ranks {checked} contain duplicates")
+    return checked
+
+
+def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None, backend: Any = None,
+              pg_options: Any = None, use_local_synchronization: bool = False,
+              group_desc: Optional[str] = None, device_id: Any = None,
+              sort_ranks: bool = True) -> Union[ProcessGroup, Any]:
+    """Create a group of the given global ranks; non-members get ``NON_GROUP_MEMBER``.
+
+    Only members communicate (``MPI_Comm_create_group``), whatever
+    ``use_local_synchronization`` says, so non-members may call it or not.
+    ``sort_ranks=False`` keeps the given order as the group-rank order.
+    """
+    world = resolve(None, "new_group")
+    members = list(range(world.size())) if ranks is None else _check_ranks(ranks, "new_group")
+    if sort_ranks:
+        members.sort()
+    if world.rank() not in members:
+        registry.unique_name(members)  # keep name counts aligned with members' view
+        return NON_GROUP_MEMBER
+    name = registry.unique_name(members)
+    tag = (hash(tuple(members)) & 0x3FFF) + 1
+    try:
+        comm = _mpi().create_subcomm(world.comm, members, tag)
+    except Exception as exc:
+        raise world.error("new_group", f"creating a group of ranks {members} failed: {exc}")
+    pg = _make_group(comm, name, timeout, backend, group_desc, "new_group")
+    if device_id is not None:
+        pg.bound_device_id = device_id
+    return pg
+
+
+def split_group(parent_pg: GroupLike = None, split_ranks: Optional[List[List[int]]] = None,
+                timeout: Any = None, pg_options: Any = None, group_desc: Optional[str] = None,
+                backend: Any = None) -> Optional[ProcessGroup]:
+    """Split ``parent_pg`` into disjoint groups of global ranks, in one ``MPI_Comm_split``.
+
+    Every rank of the parent calls it; returns this rank's new group or ``None``.
+    """
+    parent = resolve(parent_pg, "split_group")
+    if not split_ranks:
+        raise parent.error("split_group", "split_ranks must be a non-empty list of rank lists")
+    color, key, seen = None, 0, set()
+    for index, ranks in enumerate(split_ranks):
+        for position, rank in enumerate(ranks):
+            if rank in seen:
+                raise parent.error("split_group", f"rank {rank} appears in more than one split")
+            seen.add(rank)
+            parent.group_rank(rank, "split_group", "split rank")
+            if rank == parent.ranks[parent.rank()]:
+                color, key = index, position
+    names = [registry.unique_name(list(ranks)) for ranks in split_ranks]
+    try:
+        comm = _mpi().split(parent.comm, color, key)
+    except Exception as exc:
+        raise parent.error("split_group", f"MPI_Comm_split failed: {exc}")
+    if comm is None:
+        return None
+    timeout = parent.timeout if timeout is None else timeout
+    backend = parent.backend_string() if backend is None else backend
+    return _make_group(comm, names[color], timeout, backend, group_desc, "split_group")
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list: List[List[int]], timeout: Any = None,
+                                 backend: Any = None, pg_options: Any = None,
+                                 group_desc: Optional[str] = None
+                                 ) -> Tuple[Optional[ProcessGroup], List[Any]]:
+    """Create the listed disjoint subgroups of the world in one split.
+
+    Returns ``(this rank's subgroup or None, [subgroup per entry])``; entries this rank
+    is not part of are ``NON_GROUP_MEMBER``.
+    """
+    world = resolve(None, "new_subgroups_by_enumeration")
+    if not ranks_per_subgroup_list:
+        raise world.error("new_subgroups_by_enumeration", "the subgroup list is empty")
+    for ranks in ranks_per_subgroup_list:
+        _check_ranks(ranks, "new_subgroups_by_enumeration")
+    mine = split_group(world, [list(r) for r in ranks_per_subgroup_list], timeout=timeout,
+                       group_desc=group_desc, backend=backend)
+    subgroups = [mine if mine is not None and list(mine.ranks) == list(ranks) else NON_GROUP_MEMBER
+                 for ranks in ranks_per_subgroup_list]
+    return mine, subgroups
+
+
+def new_subgroups(group_size: Optional[int] = None, group: GroupLike = None, timeout: Any = None,
+                  backend: Any = None, pg_options: Any = None, group_desc: Optional[str] = None
+                  ) -> Tuple[Optional[ProcessGroup], List[Any]]:
+    """Split ``group`` (default: world) into consecutive subgroups of ``group_size`` ranks."""
+    parent = resolve(group, "new_subgroups")
+    size = parent.size()
+    if group_size is None:  # torch: one subgroup per machine
+        group_size = _mpi().node_local(parent.comm)[1]
+    if not isinstance(group_size, int) or group_size <= 0 or size % group_size:
+        raise parent.error("new_subgroups", f"group_size {group_size!r} must be positive and "
+                                            f"divide the group size {size}")
+    chunks = [list(parent.ranks[i:i + group_size]) for i in range(0, size, group_size)]
+    mine = split_group(parent, chunks, timeout=timeout, group_desc=group_desc, backend=backend)
+    return mine, [mine if mine is not None and list(mine.ranks) == chunk else NON_GROUP_MEMBER
+                  for chunk in chunks]
+
+
+def from_communicator(comm: Any, name: str, timeout: Any = None, backend: Any = None,
+                      desc: Optional[str] = None) -> ProcessGroup:
+    """Wrap an MPI communicator this module did not create (a Cartesian sub-communicator)."""
+    resolve(None, "from_communicator")
+    return _make_group(comm, name, timeout, backend, desc, "from_communicator")
+
+
+def destroy(pg: ProcessGroup, abort: bool = False) -> None:
+    """Shut one group down and forget it."""
+    registry.groups.pop(pg.group_name, None)
+    pg.shutdown(abort=abort)

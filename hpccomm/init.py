@@ -1,0 +1,235 @@
+"""Starting and stopping the distributed world: ``init_process_group`` and friends.
+
+Under ``mpiexec``/``srun`` the world is ``MPI.COMM_WORLD``: no address, port or
+rendezvous file. Ranks and sizes that the environment states (``rank=``/``world_size=``
+arguments, ``RANK``/``WORLD_SIZE``, and the launcher's ``PMI_*``, ``OMPI_COMM_WORLD_*``,
+``SLURM_*``) are compared with MPI's; a disagreement is an error for the first two and a
+logged warning for launcher variables (a job step can legitimately differ from its
+allocation). A process started without a launcher is a world of one.
+
+MPI is initialized on first use (importing ``mpi4py.MPI``), or reused if the program
+initialized it already; ``destroy_process_group`` never finalizes it, so a later
+``init_process_group`` works.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import debug
+from .errors import DistValueError
+from .group import ProcessGroup, _backend_map, _mpi, destroy, registry, resolve
+from .types import Backend, DebugLevel, default_pg_timeout, timeout_seconds
+
+logger = logging.getLogger("hpccomm")
+
+# (variable for the rank, variable for the size, what set it)
+_LAUNCHER_VARS: List[Tuple[str, str, str]] = [
+    ("PMI_RANK", "PMI_SIZE", "the PMI launcher (mpiexec/hydra, srun --mpi=pmi2)"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+    ("PMIX_RANK", "PMIX_SIZE", "the PMIx launcher"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "Slurm"),
+]
+
+
+def is_available() -> bool:
+    """Whether hpccomm can be used here: mpi4py is installed."""
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def is_mpi_available() -> bool:
+    """Whether the MPI backend is available (mpi4py is installed)."""
+    return is_available()
+
+
+def is_nccl_available() -> bool:
+    """Whether the NCCL backend is usable: CuPy imports, a GPU is visible, NCCL loads."""
+    try:
+        from .backends import nccl
+    except ImportError:
+        return False
+    return nccl.available()
+
+
+def is_gloo_available() -> bool:
+    """``"gloo"`` is an alias of the MPI backend here, so as available as MPI."""
+    return is_available()
+
+
+def is_torchelastic_launched() -> bool:
+    """Whether torchrun started this process (it sets ``TORCHELASTIC_RUN_ID``)."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+def is_initialized() -> bool:
+    """Whether the default process group exists."""
+    return registry.world is not None
+
+
+def get_default_backend_for_device(device: Any) -> str:
+    """The backend used for arrays on ``device`` (``"cpu"`` -> mpi, ``"cuda"`` -> nccl)."""
+    name = str(getattr(device, "type", device)).split(":")[0].lower()
+    try:
+        return Backend.default_device_backend_map[name]
+    except KeyError:
+        raise ValueError(f"no default backend for device type '{name}'") from None
+
+
+def _env_int(name: str) -> Optional[int]:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise DistValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def check_launch(mpi_rank: int, mpi_size: int, rank: int = -1, world_size: int = -1) -> None:
+    """Compare the rank and size stated by arguments and environment with MPI's."""
+    singleton = ("" if mpi_size > 1 else " This process is an MPI world of one: start the job "
+                 "with mpiexec -n N or srun so that MPI knows all its processes.")
+    stated = [("rank=", rank, "world_size=", world_size)]
+    stated.append(("RANK", _env_int("RANK"), "WORLD_SIZE", _env_int("WORLD_SIZE")))
+    for rank_name, value, size_name, size_value in stated:
+        if size_value not in (None, -1) and size_value != mpi_size:
+            raise DistValueError(f"init_process_group: {size_name}{'' if size_name.endswith('=') else '='}"
+                                 f"{size_value} but MPI's world has {mpi_size} processes."
+                                 f"{singleton}")
+        if value not in (None, -1) and value != mpi_rank:
+            raise DistValueError(f"init_process_group: {rank_name}{'' if rank_name.endswith('=') else '='}"
+                                 f"{value} but this process is MPI rank {mpi_rank} of {mpi_size}")
+    for rank_var, size_var, who in _LAUNCHER_VARS:
+        env_rank, env_size = _env_int(rank_var), _env_int(size_var)
+        if env_rank is None and env_size is None:
+            continue
+        if (env_size is not None and env_size != mpi_size) or (
+                env_rank is not None and env_rank != mpi_rank):
+            message = (f"hpccomm: {rank_var}={env_rank}, {size_var}={env_size} (set by {who}) "
+                       f"disagree with MPI: rank {mpi_rank} of {mpi_size}. hpccomm uses MPI's "
+                       f"values; check that the launcher matches the MPI library.")
+            logger.warning(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        break  # the innermost launcher speaks for the job
+
+
+def _make_store(init_method: Optional[str], store: Any, rank: int, size: int,
+                timeout: float, world_comm: Any) -> Any:
+    """The default store: ``store=``, the one ``init_method`` names, or an MPI store."""
+    if store is not None:
+        return store
+    from . import stores
+
+    if init_method is None or init_method.startswith("mpi://"):
+        return stores.MPIStore(world_comm, timeout=timeout)
+    if init_method.startswith("env://"):
+        host = os.environ.get("MASTER_ADDR")
+        port = os.environ.get("MASTER_PORT")
+        if not host or not port:
+            raise DistValueError("init_method='env://' needs MASTER_ADDR and MASTER_PORT "
+                                 "(under mpiexec/srun, leave init_method unset instead)")
+        return stores.TCPStore(host, int(port), size, is_master=rank == 0, timeout=timeout)
+    if init_method.startswith("tcp://"):
+        address = init_method[len("tcp://"):].split("?")[0]
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise DistValueError(f"init_method {init_method!r} must look like tcp://host:port")
+        return stores.TCPStore(host.strip("[]"), int(port), size, is_master=rank == 0,
+                               timeout=timeout)
+    if init_method.startswith("file://"):
+        return stores.FileStore(init_method[len("file://"):], size)
+    raise DistValueError(f"init_method {init_method!r} is not supported; use env://, "
+                         f"tcp://host:port, file://path, or leave it unset under a launcher")
+
+
+def init_process_group(backend: Optional[str] = None, init_method: Optional[str] = None,
+                       timeout: Any = None, world_size: int = -1, rank: int = -1,
+                       store: Any = None, group_name: str = "", pg_options: Any = None,
+                       device_id: Any = None, _ranks: Optional[List[int]] = None) -> None:
+    """Create the default process group over all processes of the MPI job.
+
+    ``backend``: ``None`` (``"cpu:mpi,cuda:nccl"``), ``"mpi"``, ``"nccl"``, ``"gloo"``
+    (alias of mpi) or a per-device spec. ``timeout`` bounds every operation (default 30
+    minutes). ``init_method``/``store`` choose the default store; rank and world size
+    always come from MPI and are only checked against what is stated.
+    """
+    if registry.world is not None:
+        raise DistValueError("init_process_group: the default process group is already "
+                             "initialized (call destroy_process_group() first)")
+    mpi = _mpi()
+    world_comm = mpi.world()
+    mpi_rank, mpi_size = world_comm.Get_rank(), world_comm.Get_size()
+    check_launch(mpi_rank, mpi_size, rank, world_size)
+    if debug.level == DebugLevel.OFF:
+        debug.set_debug_level_from_env()
+    seconds = timeout_seconds(timeout, default_pg_timeout.total_seconds())
+    backends = _backend_map(backend, "init_process_group")
+    comm = mpi.dup(world_comm)
+    pg = ProcessGroup(comm, name=group_name or "WORLD", world_ranks=range(mpi_size),
+                      timeout=seconds, backends=backends)
+    registry.world = pg
+    registry.backend_spec = backends
+    registry.timeout = seconds
+    registry.add(pg)
+    if device_id is not None:
+        pg.bound_device_id = getattr(device_id, "index", device_id)
+    try:
+        registry.store = _make_store(init_method, store, mpi_rank, mpi_size, seconds, comm)
+    except BaseException:
+        destroy_process_group()
+        raise
+    if debug.level >= DebugLevel.INFO:
+        logger.info("hpccomm: rank %d/%d initialized; %s; thread level %d; backends %s; "
+                    "store %s; timeout %.0f s", mpi_rank, mpi_size, mpi.library_version(),
+                    mpi.thread_level(), pg.backend_string(), type(registry.store).__name__,
+                    seconds)
+
+
+def get_default_store() -> Any:
+    """The store made (or given) by ``init_process_group``."""
+    resolve(None, "get_default_store")
+    return registry.store
+
+
+_get_default_store = get_default_store
+
+
+def destroy_process_group(group: Any = None) -> None:
+    """Destroy ``group``, or with ``None`` every group and the default store.
+
+    MPI itself stays initialized, so ``init_process_group`` may be called again.
+    """
+    if group is not None:
+        destroy(resolve(group, "destroy_process_group"))
+        return
+    if registry.world is None:
+        return
+    for pg in reversed(list(registry.groups.values())):
+        if pg is not registry.world:
+            destroy(pg)
+    store, world = registry.store, registry.world
+    if store is not None and hasattr(store, "close"):
+        try:
+            store.close()
+        except Exception as exc:  # a store failing to close must not block teardown
+            logger.warning("hpccomm: closing the default store failed: %s", exc)
+    destroy(world)
+    registry.clear()
+
+
+def abort_process_group(group: Any = None) -> None:
+    """Abort the whole job from this rank (MPI offers no way to abort one group only)."""
+    pg = resolve(group, "abort_process_group")
+    _mpi().world().Abort(1) if pg is None else pg.cpu.abort()
+
+
+def local_rank_and_size(pg: Optional[ProcessGroup] = None) -> Tuple[int, int]:
+    """This rank's index among the job's ranks on its node, and their number."""
+    env: Dict[str, Optional[int]] = {
+        name: _env_int(name) for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    if env["LOCAL_RANK"] is not None and env["LOCAL_WORLD_SIZE"] is not None:
+        return env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]
+    return _mpi().node_local((pg or resolve(None, "local_rank")).comm)

@@ -1,0 +1,173 @@
+"""Collectives and point-to-point transfers of picklable Python objects.
+
+Objects are pickled to bytes and moved in two steps over the group's CPU (MPI)
+communicator, whatever ``device`` says: first the byte counts, then the bytes. Every
+step is an ordinary hpccomm operation, so timeouts and error messages apply as for
+arrays. As in torch, unpickling runs code chosen by the sender: only exchange objects
+with processes you trust (your own job's ranks).
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, List, Optional
+
+import numpy as np
+
+from . import _call, p2p
+from .group import GroupLike, ProcessGroup, registry, resolve
+
+_HEADER_TAG = p2p.INTERNAL_TAG
+_PAYLOAD_TAG = p2p.INTERNAL_TAG + 1
+
+
+def _group(group: GroupLike, op: str) -> ProcessGroup:
+    if group is None and registry.world is not None:
+        return registry.world
+    return resolve(group, op)
+
+
+def _dumps(obj: Any) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+
+
+def _loads(payload: np.ndarray) -> Any:
+    return pickle.loads(payload.tobytes())
+
+
+def _run(pg: ProcessGroup, op: str, start: Any, args: tuple, arr: Any) -> None:
+    _call.launch(pg, op, start, args, arr, False)
+
+
+def _blocks(payload: np.ndarray, sizes: np.ndarray) -> List[Any]:
+    objects, offset = [], 0
+    for size in sizes.tolist():
+        objects.append(_loads(payload[offset:offset + size]))
+        offset += size
+    return objects
+
+
+def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
+                          group: GroupLike = None, device: Any = None,
+                          group_src: Optional[int] = None) -> None:
+    """Replace ``object_list``'s entries on every rank with those of rank ``src``."""
+    op = "broadcast_object_list"
+    pg = _group(group, op)
+    root = _call.root(pg, op, src, group_src, "src")
+    if not isinstance(object_list, list):
+        raise pg.error(op, f"object_list must be a list, got {type(object_list).__name__}")
+    size = np.zeros(1, dtype=np.int64)
+    if pg.rank() == root:
+        payload = _dumps(list(object_list))
+        size[0] = payload.size
+    _run(pg, op, pg.cpu.broadcast, (size, root), size)
+    if pg.rank() != root:
+        payload = np.empty(int(size[0]), dtype=np.uint8)
+    _run(pg, op, pg.cpu.broadcast, (payload, root), payload)
+    if pg.rank() != root:
+        received = _loads(payload)
+        if len(received) != len(object_list):
+            raise pg.error(op, f"object_list has {len(object_list)} entries here but "
+                               f"{len(received)} on the source rank")
+        object_list[:] = received
+
+
+def all_gather_object(object_list: List[Any], obj: Any, group: GroupLike = None) -> None:
+    """Fill ``object_list[i]`` with rank ``i``'s ``obj``, on every rank."""
+    op = "all_gather_object"
+    pg = _group(group, op)
+    _call.count_list(pg, op, object_list, "object_list")
+    payload = _dumps(obj)
+    mine = np.array([payload.size], dtype=np.int64)
+    sizes = np.empty(pg.size(), dtype=np.int64)
+    _run(pg, op, pg.cpu.all_gather, (mine, sizes, None), mine)
+    gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
+    _run(pg, op, pg.cpu.all_gather, (payload, gathered, sizes.tolist()), payload)
+    object_list[:] = _blocks(gathered, sizes)
+
+
+def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
+                  dst: Optional[int] = None, group: GroupLike = None,
+                  group_dst: Optional[int] = None) -> None:
+    """Fill ``object_gather_list[i]`` on rank ``dst`` with rank ``i``'s ``obj``."""
+    op = "gather_object"
+    pg = _group(group, op)
+    root = _call.root(pg, op, dst, group_dst, "dst")
+    at_root = pg.rank() == root
+    if at_root:
+        if object_gather_list is None:
+            raise pg.error(op, "object_gather_list is required on the destination rank")
+        _call.count_list(pg, op, object_gather_list, "object_gather_list")
+    elif object_gather_list:
+        raise pg.error(op, "object_gather_list must be None on ranks other than dst")
+    payload = _dumps(obj)
+    mine = np.array([payload.size], dtype=np.int64)
+    sizes = np.empty(pg.size(), dtype=np.int64) if at_root else None
+    _run(pg, op, pg.cpu.gather, (mine, sizes, root, None), mine)
+    gathered = np.empty(int(sizes.sum()), dtype=np.uint8) if at_root else None
+    counts = sizes.tolist() if at_root else []
+    _run(pg, op, pg.cpu.gather, (payload, gathered, root, counts), payload)
+    if at_root:
+        object_gather_list[:] = _blocks(gathered, sizes)
+
+
+def scatter_object_list(scatter_object_output_list: List[Any],
+                        scatter_object_input_list: Optional[List[Any]] = None,
+                        src: Optional[int] = None, group: GroupLike = None,
+                        group_src: Optional[int] = None) -> None:
+    """Put entry ``i`` of rank ``src``'s input list into ``output_list[0]`` on rank ``i``."""
+    op = "scatter_object_list"
+    pg = _group(group, op)
+    root = _call.root(pg, op, src, group_src, "src")
+    if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
+        raise pg.error(op, "scatter_object_output_list must be a list with at least one entry")
+    at_root = pg.rank() == root
+    sizes = payload = None
+    if at_root:
+        if scatter_object_input_list is None:
+            raise pg.error(op, "scatter_object_input_list is required on the source rank")
+        items = _call.count_list(pg, op, scatter_object_input_list, "scatter_object_input_list")
+        pieces = [_dumps(item) for item in items]
+        sizes = np.array([piece.size for piece in pieces], dtype=np.int64)
+        payload = np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+    size = np.zeros(1, dtype=np.int64)
+    _run(pg, op, pg.cpu.scatter, (sizes, size, root, None), size)
+    received = np.empty(int(size[0]), dtype=np.uint8)
+    counts = sizes.tolist() if at_root else []
+    _run(pg, op, pg.cpu.scatter, (payload, received, root, counts), received)
+    scatter_object_output_list[0] = _loads(received)
+
+
+def send_object_list(object_list: List[Any], dst: Optional[int] = None, group: GroupLike = None,
+                     device: Any = None, group_dst: Optional[int] = None,
+                     use_batch: bool = False) -> None:
+    """Send the objects of ``object_list`` to ``dst`` (received by ``recv_object_list``)."""
+    payload = _dumps(list(object_list))
+    header = np.array([payload.size, len(object_list)], dtype=np.int64)
+    first = p2p._start_send(header, dst, group, _HEADER_TAG, group_dst, "send_object_list",
+                            True, internal=True)
+    p2p._start_send(payload, dst, group, _PAYLOAD_TAG, group_dst, "send_object_list",
+                    False, internal=True)
+    first.wait()
+
+
+def recv_object_list(object_list: List[Any], src: Optional[int] = None, group: GroupLike = None,
+                     device: Any = None, group_src: Optional[int] = None,
+                     use_batch: bool = False) -> int:
+    """Fill ``object_list`` with objects sent by ``send_object_list``; return the sender.
+
+    With no source, the first sender wins and the payload is then taken from that rank.
+    The sender is a global rank, or a group rank when ``group_src`` was given.
+    """
+    header = np.zeros(2, dtype=np.int64)
+    pg, work = p2p._start_recv(header, src, group, _HEADER_TAG, group_src,
+                               "recv_object_list", False, internal=True)
+    sender = work._source
+    payload = np.empty(int(header[0]), dtype=np.uint8)
+    p2p._start_recv(payload, sender, group, _PAYLOAD_TAG, None, "recv_object_list", False,
+                    internal=True)
+    received = _loads(payload)
+    if len(received) != len(object_list):
+        raise pg.error("recv_object_list", f"object_list has {len(object_list)} entries but "
+                                           f"{len(received)} objects arrived from rank {sender}")
+    object_list[:] = received
+    return pg.group_rank(sender) if group_src is not None else sender

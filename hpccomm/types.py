@@ -1,0 +1,208 @@
+"""Backend-neutral value types: reduction ops, backend names, group sentinels.
+
+Names and values follow torch.distributed so code written for torch reads the same:
+``ReduceOp.SUM`` is a ``RedOpType`` member, ``ReduceOp(ReduceOp.SUM)`` and
+``_make_nccl_premul_sum(f)`` build instances, and ``Backend("MPI") == "mpi"``.
+Nothing here imports MPI, NumPy or CuPy.
+"""
+from __future__ import annotations
+
+import datetime
+import enum
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Union
+
+#: Default timeout of collectives on CPU groups, as torch's ``default_pg_timeout``.
+default_pg_timeout = datetime.timedelta(minutes=30)
+
+
+class RedOpType(enum.IntEnum):
+    """The reduction kinds, with torch's numbering."""
+
+    SUM = 0
+    AVG = 1
+    PRODUCT = 2
+    MIN = 3
+    MAX = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
+    PREMUL_SUM = 8
+    UNUSED = 9
+
+
+class ReduceOp:
+    """A reduction for ``all_reduce``, ``reduce`` and ``reduce_scatter``.
+
+    ``ReduceOp.SUM`` etc. are :class:`RedOpType` members and can be passed directly.
+    ``ReduceOp.PREMUL_SUM`` needs a factor: build it with ``_make_nccl_premul_sum``.
+    ``AVG`` and ``PREMUL_SUM`` need a floating or complex dtype.
+    """
+
+    RedOpType = RedOpType
+    SUM = RedOpType.SUM
+    AVG = RedOpType.AVG
+    PRODUCT = RedOpType.PRODUCT
+    MIN = RedOpType.MIN
+    MAX = RedOpType.MAX
+    BAND = RedOpType.BAND
+    BOR = RedOpType.BOR
+    BXOR = RedOpType.BXOR
+    PREMUL_SUM = RedOpType.PREMUL_SUM
+
+    __slots__ = ("op", "factor")
+
+    def __init__(self, op: Union[RedOpType, "ReduceOp", int] = RedOpType.SUM, factor: Any = None):
+        if isinstance(op, ReduceOp):
+            op, factor = op.op, op.factor if factor is None else factor
+        self.op = RedOpType(op)
+        self.factor = factor
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ReduceOp):
+            return self.op == other.op and self.factor == other.factor
+        if isinstance(other, int):
+            return self.op == other and self.factor is None
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.op, self.factor))
+
+    def __repr__(self) -> str:
+        extra = f", factor={self.factor!r}" if self.factor is not None else ""
+        return f"ReduceOp({self.op.name}{extra})"
+
+
+def _make_nccl_premul_sum(factor: Any) -> ReduceOp:
+    """A ``PREMUL_SUM`` op: every rank's input is multiplied by ``factor``, then summed."""
+    return ReduceOp(RedOpType.PREMUL_SUM, factor)
+
+
+def split_op(op: Union[ReduceOp, RedOpType, int]) -> "tuple[RedOpType, Any]":
+    """``(kind, factor)`` of anything accepted as an ``op=`` argument."""
+    if type(op) is RedOpType:
+        return op, None
+    if isinstance(op, ReduceOp):
+        return op.op, op.factor
+    if isinstance(op, int) and not isinstance(op, bool):
+        try:
+            return RedOpType(op), None
+        except ValueError:
+            pass
+    raise TypeError(f"op must be a ReduceOp or ReduceOp member, got {op!r}")
+
+
+class _DeprecatedReduceOp:
+    """``reduce_op`` from old torch code: the four basic ops, with a warning."""
+
+    def __getattr__(self, name: str) -> RedOpType:
+        if name in ("SUM", "PRODUCT", "MIN", "MAX"):
+            warnings.warn("hpccomm.reduce_op is deprecated, use hpccomm.ReduceOp",
+                          FutureWarning, stacklevel=2)
+            return RedOpType[name]
+        raise AttributeError(name)
+
+
+reduce_op = _DeprecatedReduceOp()
+
+
+class Backend(str):
+    """A backend name, lower-cased: ``Backend("MPI") == "mpi"``.
+
+    Backends are looked up by name in a registry, so a third party adds one with
+    :meth:`register_backend` and no code in hpccomm changes. ``"gloo"`` is accepted as
+    an alias of ``"mpi"`` so code written for torch's CPU backend runs unchanged.
+    """
+
+    UNDEFINED = "undefined"
+    MPI = "mpi"
+    NCCL = "nccl"
+    GLOO = "gloo"
+
+    #: name -> (creator, devices, extended_api). Built-ins point at their modules so
+    #: nothing heavy is imported before a group of that backend is made.
+    _plugins: Dict[str, "tuple[Union[str, Callable[..., Any]], List[str], bool]"] = {
+        "mpi": ("hpccomm.backends.mpi:MPICommunicator", ["cpu", "cuda"], True),
+        "nccl": ("hpccomm.backends.nccl:NCCLCommunicator", ["cuda"], True),
+    }
+    _aliases = {"gloo": "mpi", "undefined": "mpi"}
+    default_device_backend_map = {"cpu": "mpi", "cuda": "nccl"}
+
+    def __new__(cls, name: str) -> "Backend":
+        if not isinstance(name, str):
+            raise TypeError(f"Backend name must be a string, got {name!r}")
+        value = name.lower()
+        if ":" not in value and value not in cls._plugins and value not in cls._aliases:
+            raise ValueError(f"unknown backend '{name}'; known: {sorted(cls._plugins)}")
+        return super().__new__(cls, value)
+
+    @classmethod
+    def register_backend(cls, name: str, func: Callable[..., Any], extended_api: bool = False,
+                         devices: Optional[Union[str, List[str]]] = None) -> None:
+        """Register ``func(mpi_comm, timeout) -> Communicator`` under ``name``.
+
+        ``mpi_comm`` is the group's mpi4py communicator and ``timeout`` its timeout in
+        seconds; the returned object implements ``hpccomm.backends.base.Communicator``.
+        """
+        key = name.lower()
+        if key in cls._plugins or key in cls._aliases:
+            raise ValueError(f"backend '{name}' is already registered")
+        if devices is None:
+            devices = ["cpu", "cuda"]
+        elif isinstance(devices, str):
+            devices = [devices]
+        cls._plugins[key] = (func, list(devices), extended_api)
+        setattr(cls, name.upper(), key)
+
+    @classmethod
+    def canonical(cls, name: str) -> str:
+        """The registered name behind ``name`` (aliases resolved)."""
+        key = name.lower()
+        return cls._aliases.get(key, key)
+
+
+class _NonGroupMember:
+    """What ``new_group`` returns on ranks that are not in the new group."""
+
+    _instance: Optional["_NonGroupMember"] = None
+
+    def __new__(cls) -> "_NonGroupMember":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "GroupMember.NON_GROUP_MEMBER"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __reduce__(self) -> str:
+        return "NON_GROUP_MEMBER"
+
+
+NON_GROUP_MEMBER = _NonGroupMember()
+
+
+class DebugLevel(enum.IntEnum):
+    """How much checking and logging the library does (``HPCCOMM_DISTRIBUTED_DEBUG``)."""
+
+    OFF = 0
+    INFO = 1
+    DETAIL = 2
+
+
+def timeout_seconds(timeout: Union[datetime.timedelta, float, int, None],
+                    default: Optional[float] = None) -> Optional[float]:
+    """A timeout given as ``timedelta`` or seconds, as float seconds (``None`` stays)."""
+    if timeout is None:
+        return default
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"timeout must be a datetime.timedelta or seconds, got {timeout!r}")
+    if seconds < 0:
+        raise ValueError(f"timeout must not be negative, got {timeout!r}")
+    return seconds
