@@ -9,6 +9,7 @@ from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to
                           all_to_all_single, barrier, broadcast, gather, reduce,
                           reduce_scatter, reduce_scatter_tensor, scatter)
 from .debug import get_debug_level, set_debug_level, set_debug_level_from_env
+from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import (DistBackendError, DistDesyncError, DistError, DistNetworkError,
                      DistStoreError, DistTimeoutError, DistValueError)
 from .group import (GroupMember, ProcessGroup, get_backend, get_global_rank, get_group_rank,

@@ -345,3 +345,37 @@ def backend_error(context: str, exc: BaseException) -> DistBackendError:
     error = DistBackendError(f"{context}: MPI error: {error_text(exc)}")
     error.__cause__ = exc
     return error
+
+
+# -- Cartesian topologies for DeviceMesh ---------------------------------------------------
+def cart_create(comm: Any, dims: Sequence[int]) -> Optional[Any]:
+    """A Cartesian communicator over ``comm``'s first ``prod(dims)`` ranks, row-major.
+
+    ``reorder=False`` keeps rank ``i`` of ``comm`` at row-major position ``i``; ranks
+    beyond the product get ``None``. Collective over ``comm``.
+    """
+    cart = comm.Create_cart(list(dims), periods=[False] * len(dims), reorder=False)
+    if cart == MPI.COMM_NULL:
+        return None
+    cart.Set_errhandler(MPI.ERRORS_RETURN)
+    return cart
+
+
+def cart_sub(cart: Any, remain_dims: Sequence[bool]) -> Any:
+    """``MPI_Cart_sub``: this rank's slice keeping the ``remain_dims`` dimensions.
+
+    Collective over the whole Cartesian communicator; each rank gets its own slice.
+    """
+    sub = cart.Sub([bool(keep) for keep in remain_dims])
+    sub.Set_errhandler(MPI.ERRORS_RETURN)
+    return sub
+
+
+def cart_coords(cart: Any) -> Tuple[int, ...]:
+    """This rank's coordinates in a Cartesian communicator (local, no communication)."""
+    return tuple(cart.Get_coords(cart.Get_rank()))
+
+
+def cart_dims(cart: Any) -> Tuple[int, ...]:
+    """The dimension sizes of a Cartesian communicator (local)."""
+    return tuple(cart.Get_topo()[0])

@@ -1,0 +1,411 @@
+"""DeviceMesh on MPI Cartesian topologies: 2x2 at 4 ranks, 2x2x2 at 8 ranks (subprocess).
+
+Run as a script (``mpiexec -n 8 python tests/test_device_mesh.py``) it checks the 3-D mesh,
+counts the communicators made and prints one ``MESH8 {json}`` line from rank 0.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import hpccomm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+def _data(rank, n=5):
+    """What global rank ``rank`` contributes (every rank can recompute anyone's)."""
+    return np.random.default_rng(rank).standard_normal(n)
+
+
+def _sum_over(ranks, n=5):
+    return sum(_data(r, n) for r in ranks)
+
+
+class Counter:
+    """Counts the communicators made through the MPI plumbing (wraps the real calls)."""
+
+    NAMES = ("cart_create", "cart_sub", "split", "create_subcomm", "dup")
+
+    def __init__(self):
+        from hpccomm.backends import mpi
+        self.mpi, self.calls, self.saved = mpi, {n: 0 for n in self.NAMES}, {}
+        for name in self.NAMES:
+            real = getattr(mpi, name)
+            self.saved[name] = real
+            setattr(mpi, name, self._wrap(name, real))
+
+    def _wrap(self, name, real):
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return real(*args, **kwargs)
+        return counted
+
+    def total(self):
+        return sum(self.calls.values())
+
+    def restore(self):
+        for name, real in self.saved.items():
+            setattr(self.mpi, name, real)
+
+
+# -- 4 ranks: a 2x2 mesh -------------------------------------------------------------------
+@pytest.fixture
+def mesh2(dist):
+    from hpccomm.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_2x2_shape_and_coordinates(dist, rank, size, mesh2):
+    if size != 4:
+        pytest.skip("2x2 needs exactly 4 ranks")
+    from hpccomm.backends import mpi
+    assert mesh2.ndim == 2 and mesh2.shape == (2, 2)
+    assert mesh2.size() == 4 and mesh2.size(0) == 2 and mesh2.size(1) == 2
+    assert mesh2.mesh_dim_names == ("dp", "tp") and mesh2.device_type == "cpu"
+    assert mesh2.mesh.tolist() == [[0, 1], [2, 3]]
+    assert mesh2.get_rank() == rank
+    assert mesh2.get_coordinate() == divmod(rank, 2)
+    # The mesh is an MPI Cartesian communicator that agrees with the coordinates.
+    cart = mesh2._cart.comm
+    assert mpi.cart_dims(cart) == (2, 2)
+    assert mpi.cart_coords(cart) == mesh2.get_coordinate()
+    assert mesh2.get_local_rank("dp") == rank // 2 and mesh2.get_local_rank(1) == rank % 2
+
+
+@pytest.mark.mpi(min_size=4)
+def test_2x2_groups_per_dim_made_once(dist, rank, size, mesh2):
+    if size != 4:
+        pytest.skip("2x2 needs exactly 4 ranks")
+    dp, tp = mesh2.get_group("dp"), mesh2.get_group("tp")
+    assert isinstance(dp, hpccomm.ProcessGroup)
+    assert dist.get_process_group_ranks(dp) == [rank % 2, rank % 2 + 2]
+    assert dist.get_process_group_ranks(tp) == [rank - rank % 2, rank - rank % 2 + 1]
+    assert mesh2.get_group(0) is dp and mesh2.get_group("tp") is tp
+    assert mesh2.get_all_groups() == [dp, tp]
+    assert dist.get_rank(dp) == mesh2.get_local_rank("dp")
+    assert dist.get_rank(tp) == mesh2.get_local_rank("tp")
+    with pytest.raises(hpccomm.DistValueError, match="give mesh_dim"):
+        mesh2.get_group()
+    with pytest.raises(KeyError, match="pp"):
+        mesh2.get_group("pp")
+
+
+@pytest.mark.mpi(min_size=4)
+def test_2x2_collectives_and_p2p_on_dim_groups(dist, rank, size, mesh2):
+    if size != 4:
+        pytest.skip("2x2 needs exactly 4 ranks")
+    dp, tp = mesh2.get_all_groups()
+    for group in (dp, tp):
+        x = _data(rank)
+        dist.all_reduce(x, group=group)
+        np.testing.assert_allclose(x, _sum_over(dist.get_process_group_ranks(group)))
+    # async, broadcast by group rank, gather into a tensor, P2P inside a tp pair
+    x = _data(rank)
+    work = dist.all_reduce(x, op=dist.ReduceOp.MAX, group=dp, async_op=True)
+    work.wait()
+    np.testing.assert_allclose(x, np.maximum(*[_data(r) for r in dp.ranks]))
+    y = np.full(3, float(rank))
+    dist.broadcast(y, group_src=1, group=tp)
+    assert (y == tp.ranks[1]).all()
+    out = np.empty(2 * 3)
+    dist.all_gather_into_tensor(out, np.full(3, float(rank)), group=dp)
+    assert out.tolist() == [float(dp.ranks[0])] * 3 + [float(dp.ranks[1])] * 3
+    peer = tp.ranks[1 - mesh2.get_local_rank("tp")]
+    got = np.empty(4)
+    if mesh2.get_local_rank("tp") == 0:
+        dist.send(np.full(4, float(rank)), dst=peer, group=tp)
+        dist.recv(got, src=peer, group=tp)
+    else:
+        dist.recv(got, src=peer, group=tp)
+        dist.send(np.full(4, float(rank)), dst=peer, group=tp)
+    assert (got == peer).all()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_2x2_slicing_and_mesh_as_group(dist, rank, size, mesh2):
+    if size != 4:
+        pytest.skip("2x2 needs exactly 4 ranks")
+    dp_mesh, tp_mesh = mesh2["dp"], mesh2["tp"]
+    assert dp_mesh.mesh.tolist() == [rank % 2, rank % 2 + 2]
+    assert tp_mesh.mesh.tolist() == [rank - rank % 2, rank - rank % 2 + 1]
+    assert dp_mesh.ndim == 1 and dp_mesh.mesh_dim_names == ("dp",)
+    assert dp_mesh.get_coordinate() == (rank // 2,)
+    assert mesh2["dp", "tp"] is mesh2
+    assert mesh2["dp", "tp"]["tp"] == tp_mesh  # slicing a slice
+    assert tp_mesh.get_group() is mesh2.get_group("tp")  # shared, made once
+    # a 1-D mesh is accepted wherever a group is
+    x = _data(rank)
+    dist.all_reduce(x, group=tp_mesh)
+    np.testing.assert_allclose(x, _sum_over(tp_mesh.mesh.tolist()))
+    assert dist.get_world_size(dp_mesh) == 2 and dist.get_rank(dp_mesh) == rank // 2
+    with pytest.raises(hpccomm.DistValueError, match="not one group"):
+        dist.all_reduce(x, group=mesh2)
+    with pytest.raises(KeyError, match="order"):
+        mesh2["tp", "dp"]
+    with pytest.raises(KeyError, match="invalid"):
+        mesh2["pp"]
+
+
+@pytest.mark.mpi(min_size=4)
+def test_2x2_flatten(dist, rank, size, mesh2):
+    if size != 4:
+        pytest.skip("2x2 needs exactly 4 ranks")
+    flat = mesh2._flatten()
+    assert flat.mesh_dim_names == ("dp_tp",) and flat.mesh.tolist() == [0, 1, 2, 3]
+    assert flat.get_local_rank() == rank and flat.get_coordinate() == (rank,)
+    assert mesh2["dp_tp"] is flat and mesh2.flatten("dp_tp") is flat
+    group = flat.get_group()
+    assert mesh2.get_group("dp_tp") is group
+    assert dist.get_process_group_ranks(group) == [0, 1, 2, 3]
+    x = _data(rank)
+    dist.all_reduce(x, group=flat)
+    np.testing.assert_allclose(x, _sum_over(range(4)))
+    assert mesh2["tp"]._flatten() is not None and mesh2["tp"]._flatten("tp") == mesh2["tp"]
+    with pytest.raises(ValueError, match="already names"):
+        mesh2["dp"]._flatten("dp_tp")
+    with pytest.raises(ValueError, match="already names"):
+        mesh2["tp"]._flatten("dp")
+
+
+@pytest.mark.mpi(min_size=4)
+def test_user_ordered_mesh_keeps_order(dist, rank, size):
+    if size != 4:
+        pytest.skip("needs exactly 4 ranks")
+    from hpccomm.device_mesh import DeviceMesh
+    ranks = [[3, 1], [0, 2]]
+    mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("a", "b"))
+    assert mesh.mesh.tolist() == ranks
+    row, col = [(i, j) for i in range(2) for j in range(2) if ranks[i][j] == rank][0]
+    assert mesh.get_coordinate() == (row, col)
+    a, b = mesh.get_group("a"), mesh.get_group("b")
+    assert list(a.ranks) == [ranks[0][col], ranks[1][col]]  # mesh order, not sorted
+    assert list(b.ranks) == ranks[row]
+    assert a.rank() == row and b.rank() == col
+    assert list(mesh._cart.ranks) == [3, 1, 0, 2]
+    x = _data(rank)
+    dist.all_reduce(x, group=b)
+    np.testing.assert_allclose(x, _sum_over(ranks[row]))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_rank_not_in_mesh(dist, rank, size):
+    from hpccomm.device_mesh import DeviceMesh
+    mesh = DeviceMesh("cpu", [1, 0], mesh_dim_names=("x",))
+    if rank in (0, 1):
+        assert mesh.get_coordinate() == (1 - rank,)
+        x = _data(rank)
+        dist.all_reduce(x, group=mesh)
+        np.testing.assert_allclose(x, _sum_over([0, 1]))
+    else:
+        assert mesh.get_coordinate() is None
+        with pytest.raises(hpccomm.DistValueError, match=f"global rank {rank}.*not in the mesh"):
+            mesh.get_group()
+        with pytest.raises(hpccomm.DistValueError, match="not in the mesh"):
+            mesh.get_local_rank()
+        with pytest.raises(hpccomm.DistValueError, match="not in the mesh"):
+            dist.all_reduce(np.ones(1), group=mesh)
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_bad_meshes_are_clear_errors(dist, rank, size):
+    from hpccomm.device_mesh import DeviceMesh, init_device_mesh
+    with pytest.raises(hpccomm.DistValueError, match=f"holds 3 ranks but the world has {size}"):
+        init_device_mesh("cpu", (3,))
+    with pytest.raises(hpccomm.DistValueError, match="not bigger than the world"):
+        DeviceMesh("cpu", np.arange(size + 1))
+    with pytest.raises(hpccomm.DistValueError, match="more than once"):
+        DeviceMesh("cpu", [0, 0])
+    with pytest.raises(hpccomm.DistValueError, match="not global ranks"):
+        DeviceMesh("cpu", [0, size + 3])
+    with pytest.raises(hpccomm.DistValueError, match="without an index"):
+        init_device_mesh("cuda:0", (size,))
+    with pytest.raises(hpccomm.DistValueError, match="unique"):
+        init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("a", "a"))
+    with pytest.raises(hpccomm.DistValueError, match="mesh_dim_names"):
+        init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("a",))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_from_group(dist, rank, size, mesh2):
+    if size != 4:
+        pytest.skip("needs exactly 4 ranks")
+    from hpccomm.device_mesh import DeviceMesh, init_device_mesh
+    world_mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu", mesh_dim_names=("w",))
+    assert world_mesh.mesh.tolist() == list(range(size))
+    assert world_mesh.get_group() is dist.group.WORLD
+    assert world_mesh == init_device_mesh("cpu", (size,), mesh_dim_names=("w",))
+    dp, tp = mesh2.get_all_groups()
+    made = DeviceMesh.from_group([dp, tp], "cpu", mesh=[[0, 1], [2, 3]],
+                                 mesh_dim_names=("dp", "tp"))
+    assert made.get_group("dp") is dp and made.get_group("tp") is tp
+    assert made.get_coordinate() == divmod(rank, 2)
+    assert made.get_local_rank("tp") == rank % 2
+    assert made == mesh2 and hash(made) == hash(mesh2)
+    flat = made._flatten()  # no Cartesian parent here: a members-only group
+    x = _data(rank)
+    dist.all_reduce(x, group=flat)
+    np.testing.assert_allclose(x, _sum_over(range(4)))
+    with pytest.raises(hpccomm.DistValueError, match="line along dimension"):
+        DeviceMesh.from_group([tp, dp], "cpu", mesh=[[0, 1], [2, 3]],
+                              mesh_dim_names=("dp", "tp"))
+    with pytest.raises(hpccomm.DistValueError, match="required"):
+        DeviceMesh.from_group([dp, tp], "cpu")
+
+
+@pytest.mark.mpi(min_size=4)
+def test_equality_hash_and_cuda_mesh(dist, rank, size, mesh2):
+    if size != 4:
+        pytest.skip("needs exactly 4 ranks")
+    from hpccomm.device_mesh import DeviceMesh, init_device_mesh
+    explicit = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    assert explicit == mesh2 and hash(explicit) == hash(mesh2)
+    assert explicit["tp"] == mesh2["tp"] and len({explicit["dp"], mesh2["dp"]}) == 1
+    assert explicit != DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("a", "b"))
+    assert explicit != DeviceMesh("cpu", [[0, 2], [1, 3]], mesh_dim_names=("dp", "tp"))
+    assert mesh2["dp"] != mesh2["tp"]
+    # "cuda" needs no GPU until a CUDA array is communicated (the backend starts lazily)
+    cuda = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+    assert cuda.device_type == "cuda" and cuda != mesh2
+    tp = cuda.get_group("tp")
+    assert tp.backend_names["cuda"] == dist.group.WORLD.backend_names["cuda"]
+    x = _data(rank)
+    dist.all_reduce(x, group=tp)  # NumPy arrays still go over MPI
+    np.testing.assert_allclose(x, _sum_over(tp.ranks))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_2x2_makes_only_the_communicators_used(dist, rank, size):
+    if size != 4:
+        pytest.skip("needs exactly 4 ranks")
+    from hpccomm.device_mesh import init_device_mesh
+    counter = Counter()
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        assert counter.calls["cart_create"] == 1 and counter.total() == 1
+        mesh["dp"], mesh["tp"], mesh.get_coordinate(), mesh.get_local_rank("tp")
+        assert counter.total() == 1  # slicing and queries communicate nothing
+        mesh.get_group("tp")
+        mesh.get_group("tp")
+        assert counter.calls["cart_sub"] == 1 and counter.total() == 2
+        mesh._flatten().get_group()  # the whole mesh: the Cartesian communicator itself
+        assert counter.total() == 2
+    finally:
+        counter.restore()
+
+
+# -- 8 ranks: a 2x2x2 mesh, in a subprocess ------------------------------------------------
+def _run(args, timeout):
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_2x2x2_mesh_at_8_ranks():
+    proc = _run([MPIEXEC, "-n", "8", sys.executable, os.path.abspath(__file__)], timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("MESH8 ")]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    report = json.loads(lines[0][len("MESH8 "):])
+    assert report["comms_at_creation"] == 1
+    assert report["comms_after_all_dims"] == 4
+    assert report["comms_total"] == report["comms_used"]
+    print("MESH8", report)
+
+
+def test_tp_matmul_example_at_4_ranks():
+    script = os.path.join(ROOT, "examples", "tp_matmul.py")
+    proc = _run([MPIEXEC, "-n", "4", sys.executable, script], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "equals the NumPy product" in proc.stdout
+
+
+def _main_8():
+    """Checks of the 2x2x2 mesh at 8 ranks; rank 0 prints the measurements."""
+    import hpccomm as dist
+    from hpccomm.device_mesh import DeviceMesh, init_device_mesh
+
+    dist.init_process_group(timeout=60)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    assert size == 8, size
+    names = ("dp", "pp", "tp")
+    counter = Counter()
+    from hpccomm.group import registry
+    groups_before = len(registry.groups)
+    dist.barrier()
+    t0 = time.perf_counter()
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=names)
+    t_create = time.perf_counter() - t0
+    at_creation = counter.total()
+    new_groups = len(registry.groups) - groups_before
+    assert at_creation == 1 and counter.calls["cart_create"] == 1 and new_groups == 1
+    coord = tuple(int(c) for c in np.unravel_index(rank, (2, 2, 2)))
+    assert mesh.get_coordinate() == coord
+    full = np.arange(8).reshape(2, 2, 2)
+    # queries and slicing communicate nothing
+    sub = mesh["dp", "tp"]
+    assert sub.mesh.tolist() == full[:, coord[1], :].tolist()
+    assert sub.get_coordinate() == (coord[0], coord[2])
+    assert sub["tp"] == mesh["tp"] and mesh["pp"].mesh.tolist() == full[coord[0], :, coord[2]].tolist()
+    assert counter.total() == 1
+    # one Cart_sub per dimension, made on first use, then kept
+    used = set()
+    t_dims = []
+    for d, name in enumerate(names):
+        t0 = time.perf_counter()
+        group = mesh.get_group(name)
+        t_dims.append(time.perf_counter() - t0)
+        index = [slice(c, c + 1) for c in coord]
+        index[d] = slice(None)
+        line = full[tuple(index)].ravel().tolist()
+        assert list(group.ranks) == line and group.rank() == coord[d]
+        assert mesh.get_local_rank(name) == coord[d] and mesh.get_group(d) is group
+        x = _data(rank)
+        dist.all_reduce(x, group=group)
+        np.testing.assert_allclose(x, _sum_over(line))
+        used.add(group.group_name)
+    after_dims = counter.total()
+    assert sub.get_group("tp") is mesh.get_group("tp")
+    # flatten dp x pp: one more Cart_sub when its group is first used
+    flat = mesh["dp", "pp"]._flatten()
+    assert counter.total() == after_dims
+    line = full[:, :, coord[2]].ravel().tolist()
+    assert flat.mesh.tolist() == line and mesh["dp_pp"] is flat
+    x = _data(rank)
+    dist.all_reduce(x, group=flat)
+    np.testing.assert_allclose(x, _sum_over(line))
+    used.add(flat.get_group().group_name)
+    # from_group: a 2-D mesh from the pp and tp groups, no communicator made
+    made = DeviceMesh.from_group([mesh.get_group("pp"), mesh.get_group("tp")], "cpu",
+                                 mesh=full[coord[0]], mesh_dim_names=("pp", "tp"))
+    assert made.get_coordinate() == coord[1:]
+    assert made.mesh.tolist() == mesh["pp", "tp"].mesh.tolist()
+    x = _data(rank)
+    dist.all_reduce(x, group=made["tp"])
+    np.testing.assert_allclose(x, _sum_over(full[coord[0], coord[1]].tolist()))
+    # the Cartesian communicator is the parent of every Cart_sub above
+    used.add(mesh._cart.group_name)
+    total = counter.total()
+    counter.restore()
+    times = np.array([t_create] + t_dims)
+    slowest = times.copy()
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print("MESH8 " + json.dumps({
+            "comms_at_creation": at_creation, "comms_after_all_dims": after_dims,
+            "comms_total": total, "comms_used": len(used), "calls": counter.calls,
+            "create_ms": round(1e3 * slowest[0], 2),
+            "first_get_group_ms": [round(1e3 * t, 2) for t in slowest[1:]]}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _main_8()
