@@ -162,7 +162,18 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     mpi = _mpi()
     world_comm = mpi.world()
     mpi_rank, mpi_size = world_comm.Get_rank(), world_comm.Get_size()
-    check_launch(mpi_rank, mpi_size, rank, world_size)
+    problem: Optional[DistValueError] = None
+    try:
+        check_launch(mpi_rank, mpi_size, rank, world_size)
+    except DistValueError as exc:
+        problem = exc
+    failing = [r for r, bad in enumerate(mpi.allgather_flags(world_comm, problem is not None))
+               if bad]  # every rank raises, so none is left waiting in the next collective
+    if problem is not None:
+        raise problem
+    if failing:
+        raise DistValueError(f"init_process_group: rank(s) {failing} rejected the launch "
+                             f"settings (see their errors); rank {mpi_rank} stops too")
     if debug.level == DebugLevel.OFF:
         debug.set_debug_level_from_env()
     seconds = timeout_seconds(timeout, default_pg_timeout.total_seconds())

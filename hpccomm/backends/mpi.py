@@ -276,6 +276,11 @@ def tag_upper_bound(comm: Any) -> int:
     return int(comm.Get_attr(MPI.TAG_UB))
 
 
+def allgather_flags(comm: Any, flag: bool) -> List[bool]:
+    """Every rank's ``flag`` (a blocking call, for start-up agreement only)."""
+    return [bool(f) for f in comm.allgather(bool(flag))]
+
+
 def dup(comm: Any) -> Any:
     new = comm.Dup()
     new.Set_errhandler(MPI.ERRORS_RETURN)

@@ -1,0 +1,81 @@
+"""The backend-neutral core on its own: ReduceOp, Backend registry, Work and Future."""
+import datetime
+
+import pytest
+
+import hpccomm
+from hpccomm.work import Work
+
+
+def test_reduce_op_members_and_instances():
+    assert hpccomm.ReduceOp.SUM == 0 and int(hpccomm.ReduceOp.PREMUL_SUM) == 8
+    op = hpccomm.ReduceOp(hpccomm.ReduceOp.MAX)
+    assert op == hpccomm.ReduceOp.MAX and op.op is hpccomm.RedOpType.MAX
+    premul = hpccomm._make_nccl_premul_sum(0.25)
+    assert premul.op == hpccomm.ReduceOp.PREMUL_SUM and premul.factor == 0.25
+    with pytest.warns(FutureWarning):
+        assert hpccomm.reduce_op.SUM == hpccomm.ReduceOp.SUM
+
+
+def test_backend_names_and_registration():
+    assert hpccomm.Backend("MPI") == "mpi" and hpccomm.Backend.GLOO == "gloo"
+    with pytest.raises(ValueError):
+        hpccomm.Backend("carrier-pigeon")
+
+    def creator(comm, timeout):
+        raise AssertionError("not created in this test")
+
+    hpccomm.Backend.register_backend("my_backend", creator, devices="cpu")
+    try:
+        assert hpccomm.Backend("my_backend") == "my_backend"
+        assert hpccomm.Backend.MY_BACKEND == "my_backend"
+        with pytest.raises(ValueError, match="already registered"):
+            hpccomm.Backend.register_backend("my_backend", creator)
+    finally:
+        hpccomm.Backend._plugins.pop("my_backend")
+
+
+def test_work_times_out_with_a_description():
+    work = Work(lambda: False)
+    work.op, work.seq, work.timeout = "all_reduce", 7, 0.05
+    with pytest.raises(hpccomm.DistTimeoutError, match=r"all_reduce \(seq 7\).*timed out"):
+        work.wait()
+    assert work.is_completed() and not work.is_success()
+    assert isinstance(work.exception(), TimeoutError)
+
+
+def test_work_wait_timeout_argument_overrides_group_timeout():
+    work = Work(lambda: False)
+    work.timeout = 3600
+    with pytest.raises(hpccomm.DistTimeoutError):
+        work.wait(timeout=datetime.timedelta(milliseconds=20))
+
+
+def test_work_completion_runs_finish_once_and_settles_future():
+    calls, polls = [], iter([False, False, True])
+    work = Work(lambda: next(polls), finish=lambda: calls.append(1))
+    work._result = ("out",)
+    future = work.get_future()
+    chained = future.then(lambda fut: fut.value()[0] + "!")
+    assert not future.done()
+    assert work.wait() is True and work.wait() is True
+    assert calls == [1]
+    assert future.value() == ["out"] and chained.wait() == "out!"
+
+
+def test_work_failure_becomes_a_backend_error():
+    def broken():
+        raise OSError("link down")
+
+    work = Work(broken)
+    with pytest.raises(hpccomm.DistBackendError, match="link down"):
+        work.wait()
+    assert not work.is_success()
+
+
+def test_standalone_future():
+    future = hpccomm.Future()
+    seen = []
+    future.then(lambda fut: seen.append(fut.value()))
+    future.set_result(5)
+    assert future.done() and future.wait() == 5 and seen == [5]

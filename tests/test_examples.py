@@ -1,0 +1,26 @@
+"""The programs in examples/ run under mpiexec and check their own results."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+EXPECTED = {
+    "ring_allreduce.py": "matches all_reduce",
+    "data_parallel.py": "matches full-batch training",
+    "shard_roundtrip.py": "equals all_reduce",
+}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("example", sorted(EXPECTED))
+def test_example_runs_under_mpiexec(example, n):
+    result = subprocess.run([MPIEXEC, "-n", str(n), sys.executable,
+                             os.path.join(ROOT, "examples", example)],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert EXPECTED[example] in result.stdout
+    assert f"over {n} ranks" in result.stdout or f"on {n} ranks" in result.stdout

@@ -1,0 +1,129 @@
+"""Groups: new_group (members only, sorted or not), subgroups, split_group, rank maps."""
+import numpy as np
+import pytest
+
+import hpccomm
+
+
+@pytest.mark.mpi(min_size=2)
+def test_new_group_members_and_non_members(dist, rank, size):
+    members = [0, size - 1]
+    group = dist.new_group(members)
+    if rank in members:
+        assert dist.get_process_group_ranks(group) == members
+        assert dist.get_world_size(group) == 2
+        assert dist.get_rank(group) == members.index(rank)
+        x = np.array([rank], dtype=np.int64)
+        dist.all_reduce(x, group=group)
+        assert x[0] == sum(members)
+        dist.broadcast(x, src=size - 1, group=group)
+        assert x[0] == sum(members)
+    else:
+        assert group is dist.GroupMember.NON_GROUP_MEMBER
+        assert dist.get_rank(group) == -1
+        with pytest.raises(hpccomm.DistValueError, match="not a member"):
+            dist.all_reduce(np.ones(1), group=group)
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_new_group_created_by_members_only(dist, rank, size):
+    # Ranks 2 and 3 never call new_group: members-only creation must not wait for them.
+    if rank in (0, 1):
+        group = dist.new_group([0, 1], use_local_synchronization=True)
+        x = np.ones(2)
+        dist.all_reduce(x, group=group)
+        assert (x == 2).all()
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_new_group_sort_ranks_false_keeps_order(dist, rank, size):
+    order = list(reversed(range(size)))
+    group = dist.new_group(order, sort_ranks=False)
+    assert dist.get_process_group_ranks(group) == order
+    assert dist.get_group_rank(group, rank) == size - 1 - rank
+    assert dist.get_global_rank(group, 0) == size - 1
+    x = np.zeros(1)
+    if dist.get_rank(group) == 0:
+        x[:] = 42
+    dist.broadcast(x, group_src=0, group=group)
+    assert x[0] == 42
+
+
+@pytest.mark.mpi(min_size=4)
+def test_new_subgroups(dist, rank, size):
+    mine, subgroups = dist.new_subgroups(group_size=2)
+    assert len(subgroups) == size // 2
+    assert dist.get_process_group_ranks(mine) == [rank - rank % 2, rank - rank % 2 + 1]
+    x = np.array([float(rank)])
+    dist.all_reduce(x, group=mine)
+    assert x[0] == 2 * (rank - rank % 2) + 1
+    others = [g for g in subgroups if g is not mine]
+    assert all(g is dist.GroupMember.NON_GROUP_MEMBER for g in others)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_new_subgroups_by_enumeration_and_split_group(dist, rank, size):
+    evens, odds = list(range(0, size, 2)), list(range(1, size, 2))
+    mine, groups = dist.new_subgroups_by_enumeration([evens, odds])
+    assert dist.get_process_group_ranks(mine) == (evens if rank % 2 == 0 else odds)
+    x = np.array([rank], dtype=np.int32)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=mine)
+    assert x[0] == (evens if rank % 2 == 0 else odds)[-1]
+    split = dist.split_group(split_ranks=[[0, 1]])
+    if rank in (0, 1):
+        assert dist.get_process_group_ranks(split) == [0, 1]
+        y = np.ones(1)
+        dist.all_reduce(y, group=split)
+        assert y[0] == 2
+    else:
+        assert split is None
+
+
+@pytest.mark.mpi(min_size=2)
+def test_subgroup_async_and_p2p_with_group_ranks(dist, rank, size):
+    group = dist.new_group(list(range(1, size)) + [0], sort_ranks=False)
+    g_rank = dist.get_rank(group)
+    x = np.full(3, float(g_rank))
+    work = dist.all_reduce(x, group=group, async_op=True)
+    work.wait()
+    assert (x == sum(range(size))).all()
+    if g_rank == 0:
+        dist.send(np.array([7.0]), group_dst=1, group=group)
+    elif g_rank == 1:
+        buf = np.zeros(1)
+        assert dist.recv(buf, group_src=0, group=group) == 0
+        assert buf[0] == 7.0
+
+
+@pytest.mark.mpi(min_size=2)
+def test_group_world_and_backend(dist, rank, size):
+    assert dist.group.WORLD is dist.GroupMember.WORLD
+    assert dist.get_process_group_ranks(dist.group.WORLD) == list(range(size))
+    assert "mpi" in dist.get_backend()
+    group = dist.new_group(backend="gloo")
+    assert dist.get_backend(group) == "mpi"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rank_translation_errors(dist, rank, size):
+    group = dist.new_group([0, 1])
+    if rank in (0, 1):
+        with pytest.raises(hpccomm.DistValueError, match="not a member"):
+            dist.get_group_rank(group, size + 5)
+        with pytest.raises(hpccomm.DistValueError, match="out of range"):
+            dist.get_global_rank(group, 2)
+    with pytest.raises(hpccomm.DistValueError, match="not a valid global rank"):
+        dist.new_group([0, size])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_destroy_one_group(dist, rank, size):
+    group = dist.new_group()
+    dist.destroy_process_group(group)
+    with pytest.raises(hpccomm.DistValueError, match="destroyed"):
+        dist.all_reduce(np.ones(1), group=group)
+    x = np.ones(1)
+    dist.all_reduce(x)
+    assert x[0] == size

@@ -1,0 +1,142 @@
+"""Start-up and shut-down, each case in a fresh process (serial tests run mpiexec)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import hpccomm
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_program(code, n=None, env=None, timeout=60):
+    """Run ``code`` in fresh processes (under mpiexec -n N if given); return the result."""
+    cmd = [sys.executable, "-c", textwrap.dedent(code)]
+    if n is not None:
+        cmd = [MPIEXEC, "-n", str(n)] + cmd
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("PMI_", "OMPI_", "PMIX_", "SLURM_"))}
+    full_env.pop("RANK", None)
+    full_env.pop("WORLD_SIZE", None)
+    full_env.update(env or {})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=full_env)
+
+
+def test_use_before_init_is_a_clear_error():
+    result = run_program("""
+        import numpy as np, hpccomm as dist
+        for call in (lambda: dist.all_reduce(np.ones(1)), dist.get_rank, dist.barrier):
+            try:
+                call()
+            except dist.DistValueError as exc:
+                assert "not initialized" in str(exc) and "init_process_group" in str(exc)
+            else:
+                raise SystemExit("no error")
+        assert not dist.is_initialized() and dist.group.WORLD is None
+        print("ok")
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "ok" in result.stdout
+
+
+def test_import_is_light():
+    result = run_program("""
+        import sys, hpccomm
+        heavy = [m for m in ("mpi4py.MPI", "cupy", "h5py", "torch") if m in sys.modules]
+        print("heavy:", heavy)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "heavy: []" in result.stdout
+
+
+def test_singleton_without_launcher_is_a_world_of_one():
+    result = run_program("""
+        import numpy as np, hpccomm as dist
+        dist.init_process_group()
+        x = np.arange(3.0)
+        dist.all_reduce(x)
+        print(dist.get_rank(), dist.get_world_size(), x.tolist())
+        dist.destroy_process_group()
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "0 1 [0.0, 1.0, 2.0]" in result.stdout
+
+
+def test_destroy_then_init_again_and_mpi4py_first():
+    result = run_program("""
+        from mpi4py import MPI          # the program initialized MPI itself
+        import numpy as np, hpccomm as dist
+        for round in range(2):
+            dist.init_process_group(timeout=30)
+            x = np.ones(1)
+            dist.all_reduce(x)
+            assert x[0] == MPI.COMM_WORLD.Get_size()
+            dist.destroy_process_group()
+            assert not dist.is_initialized()
+        assert not MPI.Is_finalized()
+        MPI.COMM_WORLD.Barrier()        # user's MPI still works
+        print("rounds ok", MPI.COMM_WORLD.Get_rank())
+    """, n=2)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("rounds ok") == 2
+
+
+def test_world_size_env_mismatch_is_reported():
+    result = run_program("""
+        import hpccomm as dist
+        try:
+            dist.init_process_group()
+        except dist.DistValueError as exc:
+            print("error:", exc)
+    """, env={"WORLD_SIZE": "4", "RANK": "0"})
+    assert "WORLD_SIZE=4 but MPI's world has 1 processes" in result.stdout
+    assert "mpiexec" in result.stdout
+
+
+def test_rank_argument_mismatch_is_reported():
+    result = run_program("""
+        import hpccomm as dist
+        try:
+            dist.init_process_group(rank=1, world_size=2)
+        except dist.DistValueError as exc:
+            print("error:", exc)
+    """, n=2)
+    assert "rank=1 but this process is MPI rank 0 of 2" in result.stdout
+
+
+def test_launcher_variables_that_disagree_are_warned_about():
+    result = run_program("""
+        import warnings, hpccomm as dist
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dist.init_process_group()
+        print([str(w.message) for w in caught])
+        dist.destroy_process_group()
+    """, env={"SLURM_PROCID": "3", "SLURM_NTASKS": "8"})
+    assert result.returncode == 0, result.stderr
+    assert "SLURM_PROCID=3, SLURM_NTASKS=8" in result.stdout and "disagree" in result.stdout
+
+
+def test_env_init_method_needs_master_addr():
+    result = run_program("""
+        import hpccomm as dist
+        try:
+            dist.init_process_group(init_method="env://")
+        except dist.DistValueError as exc:
+            print("error:", exc)
+        assert not dist.is_initialized()
+    """)
+    assert "MASTER_ADDR" in result.stdout
+
+
+def test_availability_queries():
+    assert hpccomm.is_available() and hpccomm.is_mpi_available()
+    assert hpccomm.get_default_backend_for_device("cpu") == "mpi"
+    assert hpccomm.get_default_backend_for_device("cuda:1") == "nccl"
+    assert isinstance(hpccomm.is_nccl_available(), bool)
+    with pytest.raises(ValueError):
+        hpccomm.get_default_backend_for_device("tpu")

@@ -1,0 +1,95 @@
+"""Point-to-point: send/recv, any-source receive, isend/irecv, batches, the ring."""
+import numpy as np
+import pytest
+
+import hpccomm
+
+
+@pytest.mark.mpi(min_size=2)
+def test_send_recv_between_first_and_last(dist, rank, size):
+    last = size - 1
+    if rank == 0:
+        dist.send(np.arange(4, dtype=np.float32), dst=last, tag=3)
+    elif rank == last:
+        buf = np.zeros(4, dtype=np.float32)
+        assert dist.recv(buf, src=0, tag=3) == 0
+        np.testing.assert_array_equal(buf, np.arange(4))
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_recv_from_any_source_returns_sender(dist, rank, size):
+    if rank == 0:
+        senders = set()
+        for _ in range(size - 1):
+            buf = np.zeros(1, dtype=np.int64)
+            sender = dist.recv(buf)
+            assert buf[0] == sender * 11
+            senders.add(sender)
+        assert senders == set(range(1, size))
+    else:
+        dist.send(np.array([rank * 11], dtype=np.int64), dst=0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_isend_irecv_ring(dist, rank, size):
+    right, left = (rank + 1) % size, (rank - 1) % size
+    out = np.full(3, float(rank))
+    into = np.zeros(3)
+    recv = dist.irecv(into, src=left)
+    send = dist.isend(out, dst=right)
+    send.wait()
+    recv.wait()
+    assert recv.source_rank() == left
+    np.testing.assert_array_equal(into, left)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_irecv_any_source_work_source_rank(dist, rank, size):
+    if rank == 1:
+        dist.send(np.ones(2), dst=0, tag=9)
+    elif rank == 0:
+        work = dist.irecv(np.zeros(2), tag=9)
+        work.wait()
+        assert work.source_rank() == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_batch_isend_irecv_exchange(dist, rank, size):
+    right, left = (rank + 1) % size, (rank - 1) % size
+    send_buf = np.full(5, rank, dtype=np.int32)
+    recv_buf = np.zeros(5, dtype=np.int32)
+    ops = [dist.P2POp(dist.isend, send_buf, right), dist.P2POp(dist.irecv, recv_buf, left)]
+    works = dist.batch_isend_irecv(ops)
+    assert len(works) == 2
+    for work in works:
+        work.wait()
+    np.testing.assert_array_equal(recv_buf, left)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_tags_keep_messages_apart(dist, rank, size):
+    if rank == 0:
+        dist.send(np.array([1.0]), dst=1, tag=1)
+        dist.send(np.array([2.0]), dst=1, tag=2)
+    elif rank == 1:
+        second, first = np.zeros(1), np.zeros(1)
+        dist.recv(second, src=0, tag=2)
+        dist.recv(first, src=0, tag=1)
+        assert (first[0], second[0]) == (1.0, 2.0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_p2p_argument_errors(dist, rank, size):
+    with pytest.raises(hpccomm.DistValueError, match="itself"):
+        dist.send(np.ones(1), dst=rank)
+    with pytest.raises(hpccomm.DistValueError, match="not a member"):
+        dist.send(np.ones(1), dst=size + 3)
+    with pytest.raises(hpccomm.DistValueError, match="tag"):
+        dist.isend(np.ones(1), dst=(rank + 1) % size, tag=-1)
+    with pytest.raises(hpccomm.DistValueError, match="not both"):
+        dist.send(np.ones(1), dst=0, group_dst=0)
+    with pytest.raises(ValueError, match="isend or hpccomm.irecv"):
+        dist.P2POp(dist.all_reduce, np.ones(1), 0)
+    with pytest.raises(TypeError):
+        dist.batch_isend_irecv([np.ones(1)])
