@@ -43,7 +43,7 @@ def parse_counter(value: bytes) -> int:
         return 0
     match = _INT_RE.match(value)
     if match is None:
-        raise ValueError(f"value {value[:40]!r} is not an integer counter")
+        raise ValueError(f"value {_name(value[:40])} is not an integer counter")
     return int(match.group(1))
 
 
