@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
@@ -34,7 +33,6 @@ _MIN_SLEEP_S = 50e-6
 _MAX_SLEEP_S = 2e-3
 _GRACE_S = 30.0
 
-_live_servers: "weakref.WeakSet[_Server]" = weakref.WeakSet()
 
 
 class _Server:
@@ -46,7 +44,6 @@ class _Server:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="hpccomm-mpistore", daemon=True)
         self.thread.start()
-        _live_servers.add(self)
 
     def _run(self) -> None:
         comm, core, status = self.comm, self.core, MPI.Status()
@@ -61,7 +58,7 @@ class _Server:
                     if sends:
                         sends = [(r, p) for r, p in sends if not r.Test()]
                     self.stopping.wait(delay)
-                    delay = min(delay * 2, _MAX_SLEEP_S)
+                    delay = min(delay * 1.5, _MAX_SLEEP_S)
                     continue
             else:
                 delay = _MIN_SLEEP_S
@@ -84,13 +81,6 @@ class _Server:
             self.thread.join(timeout=10)
 
 
-@atexit.register
-def _stop_servers_at_exit() -> None:
-    """Stop serving before mpi4py finalizes MPI (atexit runs this first: registered later)."""
-    for server in list(_live_servers):
-        server.stop()
-
-
 class _Shared:
     """What an MPIStore and its clones share: the communicator, the server, a lock."""
 
@@ -99,6 +89,34 @@ class _Shared:
         self.server = server
         self.lock = threading.Lock()  # one request in flight per rank
         self.closed = False
+
+    def close(self) -> None:
+        """Collective shutdown: barrier, stop the server, free the communicator."""
+        if self.closed:
+            return
+        self.comm.Barrier()  # every rank is done with its requests
+        with self.lock:
+            self.closed = True
+        if self.server is not None:
+            self.server.stop()
+        self.comm.Free()
+        if self in _open:
+            _open.remove(self)
+
+
+#: Stores not closed yet, in creation order (the same on every rank).
+_open: List[_Shared] = []
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close forgotten stores before mpi4py finalizes MPI (atexit is LIFO, so this runs
+    first). Collective like MPI_Finalize itself: rank 0 keeps serving until every rank
+    has reached exit, so no rank loses the answer to its last request."""
+    for shared in list(_open):
+        if MPI.Is_finalized():
+            return
+        shared.close()
 
 
 class MPIStore(Store):
@@ -118,6 +136,7 @@ class MPIStore(Store):
         dup.Set_name("hpccomm-store")
         server = _Server(dup) if dup.Get_rank() == 0 else None
         self._shared = _Shared(dup, server)
+        _open.append(self._shared)
 
     @property
     def rank(self) -> int:
@@ -163,16 +182,12 @@ class MPIStore(Store):
         return twin
 
     def close(self) -> None:
-        """Shut the store down: collective over the communicator, idempotent."""
-        shared = self._shared
-        if shared.closed:
-            return
-        shared.comm.Barrier()  # every rank is done with its requests
-        with shared.lock:
-            shared.closed = True
-        if shared.server is not None:
-            shared.server.stop()
-        shared.comm.Free()
+        """Shut the store down: collective over the communicator, idempotent.
+
+        A store still open at interpreter exit is closed then (collectively), so a
+        program that forgets ``close()`` still exits cleanly.
+        """
+        self._shared.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._shared.closed else f"rank {self.rank}/{self.world_size}"
