@@ -29,6 +29,8 @@ class PrefixStore(Store):
         return self._store
 
     def _k(self, key: str) -> str:
+        if not isinstance(key, str):
+            raise TypeError(f"store keys must be str, got {type(key).__name__}")
         return f"{self._prefix}/{key}"
 
     def _ks(self, keys: Sequence[str]) -> List[str]:
