@@ -54,6 +54,25 @@ class Counter:
             setattr(self.mpi, name, real)
 
 
+# -- any size: 1-D meshes and degenerate dimensions ------------------------------------------
+@pytest.mark.mpi(min_size=1)
+def test_1d_mesh_is_the_cartesian_communicator(dist, rank, size):
+    from hpccomm.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (size,))
+    assert mesh.mesh.tolist() == list(range(size)) and mesh.mesh_dim_names is None
+    group = mesh.get_group()
+    assert group is mesh._cart and list(group.ranks) == list(range(size))
+    assert mesh.get_local_rank() == rank == group.rank() and mesh.get_coordinate() == (rank,)
+    x = _data(rank)
+    dist.all_reduce(x, group=mesh)
+    np.testing.assert_allclose(x, _sum_over(range(size)))
+    wide = init_device_mesh("cpu", (1, size), mesh_dim_names=("a", "b"))
+    assert list(wide.get_group("a").ranks) == [rank] and wide.get_group("a").size() == 1
+    assert list(wide["b"].get_group().ranks) == list(range(size))
+    with pytest.raises(hpccomm.DistValueError, match="no backend for device type 'xpu'"):
+        init_device_mesh("xpu", (size,))
+
+
 # -- 4 ranks: a 2x2 mesh -------------------------------------------------------------------
 @pytest.fixture
 def mesh2(dist):
@@ -211,6 +230,14 @@ def test_rank_not_in_mesh(dist, rank, size):
             mesh.get_local_rank()
         with pytest.raises(hpccomm.DistValueError, match="not in the mesh"):
             dist.all_reduce(np.ones(1), group=mesh)
+    # a row-major prefix of the world: Cart_create directly, the others get no communicator
+    prefix = DeviceMesh("cpu", [[0, 1]])
+    assert prefix.mesh.tolist() == [[0, 1]]
+    if rank < 2:
+        assert prefix.get_coordinate() == (0, rank) and prefix._cart is not None
+        assert list(prefix.get_group(1).ranks) == [0, 1]
+    else:
+        assert prefix.get_coordinate() is None and prefix._cart is None
     dist.barrier()
 
 
