@@ -1,0 +1,118 @@
+"""MPIStore under mpiexec (run at 2 and 4 ranks with ``--with-mpi``)."""
+import datetime
+import time
+
+import pytest
+
+from hpccomm.errors import DistStoreError
+
+
+@pytest.fixture
+def mpi_store():
+    from hpccomm.stores import MPIStore
+
+    store = MPIStore(timeout=datetime.timedelta(seconds=20))
+    yield store
+    store.close()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_rank_sees_every_key(mpi_store):
+    rank, size = mpi_store.rank, mpi_store.world_size
+    mpi_store.set(f"rank/{rank}", f"hello from {rank}")
+    values = mpi_store.multi_get([f"rank/{r}" for r in range(size)])
+    assert values == [f"hello from {r}".encode() for r in range(size)]
+    mpi_store.barrier("listed", size)
+    listed = sorted(k for k in mpi_store.list_keys() if k.startswith("rank/"))
+    assert listed == sorted(f"rank/{r}" for r in range(size))
+    assert mpi_store.num_keys() == len(mpi_store.list_keys()) >= size
+
+
+@pytest.mark.mpi(min_size=2)
+def test_concurrent_add_is_exact(mpi_store):
+    size = mpi_store.world_size
+    for _ in range(200):
+        mpi_store.add("counter", 1)
+    mpi_store.barrier("added", size)
+    assert mpi_store.add("counter", 0) == 200 * size
+
+
+@pytest.mark.mpi(min_size=2)
+def test_get_blocks_until_rank0_sets(mpi_store):
+    if mpi_store.rank == 0:
+        time.sleep(0.2)
+        mpi_store.set("late", "now")
+    else:
+        t0 = time.monotonic()
+        assert mpi_store.get("late") == b"now"
+        assert time.monotonic() - t0 >= 0.1
+    mpi_store.barrier("late-done", mpi_store.world_size)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_compare_set_elects_exactly_one_rank(mpi_store):
+    won = mpi_store.compare_set("leader", "", str(mpi_store.rank)) == str(mpi_store.rank).encode()
+    mpi_store.barrier("elected", mpi_store.world_size)
+    winners = mpi_store.add("winners", int(won))
+    mpi_store.barrier("counted", mpi_store.world_size)
+    assert mpi_store.add("winners", 0) == 1
+    assert winners <= 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_queues_and_timeouts(mpi_store):
+    rank, size = mpi_store.rank, mpi_store.world_size
+    if rank != 0:
+        mpi_store.queue_push("work", f"item {rank}")
+    else:
+        items = sorted(mpi_store.queue_pop("work") for _ in range(size - 1))
+        assert items == sorted(f"item {r}".encode() for r in range(1, size))
+    t0 = time.monotonic()
+    with pytest.raises(DistStoreError, match=f"never/{rank}"):
+        mpi_store.wait([f"never/{rank}"], datetime.timedelta(milliseconds=200))
+    assert time.monotonic() - t0 >= 0.19
+    mpi_store.barrier("q-done", size)
+    assert mpi_store.queue_len("work") == 0
+
+
+@pytest.mark.mpi(min_size=2)
+def test_clone_append_delete_and_close_is_idempotent(mpi_store):
+    twin = mpi_store.clone()
+    twin.append("log", f"[{mpi_store.rank}]")
+    mpi_store.barrier("appended", mpi_store.world_size)
+    log = mpi_store.get("log")
+    assert all(f"[{r}]".encode() in log for r in range(mpi_store.world_size))
+    assert mpi_store.has_extended_api()
+    mpi_store.close()
+    mpi_store.close()
+    with pytest.raises(DistStoreError, match="closed"):
+        twin.get("log")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_store_on_a_subcommunicator_is_separate():
+    from mpi4py import MPI
+
+    from hpccomm.stores import MPIStore
+
+    world = MPIStore(timeout=20)
+    sub_comm = MPI.COMM_WORLD.Split(MPI.COMM_WORLD.Get_rank() % 2, 0)
+    sub = MPIStore(sub_comm, timeout=20)
+    color = MPI.COMM_WORLD.Get_rank() % 2
+    sub.set("color", str(color))
+    assert sub.get("color") == str(color).encode()
+    assert not world.check(["color"])
+    sub.close()
+    world.close()
+    sub_comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_needs_thread_multiple(monkeypatch):
+    from mpi4py import MPI
+
+    from hpccomm.stores import MPIStore
+
+    monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
+    with pytest.raises(DistStoreError, match="MPI_THREAD_MULTIPLE"):
+        MPIStore()
