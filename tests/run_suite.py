@@ -17,7 +17,8 @@ import time
 import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPORTS = os.path.join(ROOT, ".test-reports")
+# One directory per run, so that runs started at the same time do not mix reports.
+REPORTS = os.path.join(ROOT, ".test-reports", f"run-{os.getpid()}")
 RUN_LIMIT_S = int(os.environ.get("HPCCOMM_TEST_RUN_LIMIT", "1500"))
 
 
@@ -70,7 +71,7 @@ def main():
                   f"--junitxml={REPORTS}/serial.xml", *extra], "serial tests")]
     for n in [int(x) for x in args.ranks.split(",") if x]:
         cmd = [mpiexec(), "-n", str(n), sys.executable, os.path.join("tests", "rank_pytest.py"),
-               str(n), "-q", "-m", "mpi", "--with-mpi", "-p", "no:cacheprovider", *extra]
+               REPORTS, str(n), "-q", "-m", "mpi", "--with-mpi", "-p", "no:cacheprovider", *extra]
         codes.append(run(cmd, f"MPI tests at {n} ranks"))
         for log in sorted(glob.glob(os.path.join(REPORTS, f"n{n}-rank*.log"))):
             rank_xml = log[:-4] + ".xml"
@@ -80,6 +81,7 @@ def main():
                 with open(log, errors="replace") as handle:
                     print(handle.read()[-20000:])
     total = tally("*.xml")
+    shutil.rmtree(REPORTS, ignore_errors=True)
     failed = total["failed"] + total["errors"]
     bad_exit = any(code != 0 for code in codes)
     parts = [f"{total['passed']} passed"]
