@@ -1,0 +1,320 @@
+"""Turn the benchmark CSVs in ``docs/`` into tables, a plot and the target verdicts.
+
+Reads ``docs/bench_collectives_n*.csv`` (+ ``.json``), ``docs/bench_objects_n*.csv``,
+``docs/bench_init.csv``, ``docs/bench_membw.csv`` and ``docs/bench_hotpath.csv`` (any may
+be missing), writes ``docs/performance.png`` and rewrites the generated blocks of
+``docs/performance.md`` (``<!-- generated:NAME -->`` ... ``<!-- /generated:NAME -->``),
+leaving the hand-written text around them alone. Prints the tables too.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DOCS = os.environ.get("BENCH_DOCS") or os.path.normpath(os.path.join(HERE, "..", "docs"))
+OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+       "all_to_all_single", "send_recv"]
+VARIANTS = ["hpccomm", "hpccomm_async", "mpi4py", "mpi4py_nb", "gloo"]
+LABELS = {"hpccomm": "hpccomm sync", "hpccomm_async": "hpccomm async+wait",
+          "mpi4py": "mpi4py blocking", "mpi4py_nb": "mpi4py nonblocking+Wait",
+          "gloo": "torch gloo"}
+KiB, MiB = 1024, 1024 * 1024
+BIG = 256 * KiB
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key, value in row.items():
+            try:
+                row[key] = float(value) if any(c in value for c in ".e") else int(value)
+            except (TypeError, ValueError):
+                pass
+    return rows
+
+
+def size_str(n):
+    n = int(n)
+    for unit, scale in (("MiB", MiB), ("KiB", KiB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def us(x):
+    return f"{x:,.1f}" if x < 1000 else f"{x:,.0f}"
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def load():
+    data = {}
+    for path in sorted(glob.glob(os.path.join(DOCS, "bench_collectives_n*.csv"))):
+        n = int(re.search(r"_n(\d+)\.csv$", path).group(1))
+        meta_path = path[:-4] + ".json"
+        meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+        data[n] = (read_csv(path), meta)
+    return data
+
+
+def collectives_tables(data):
+    blocks = {}
+    for n, (rows, meta) in sorted(data.items()):
+        parts = [f"{n} ranks, {meta.get('date', '?')}; {meta.get('mpi', '')}; torch "
+                 f"{meta.get('torch', '')}; load average at the end "
+                 f"{', '.join(f'{x:.1f}' for x in meta.get('loadavg', []))}.\n"]
+        for op in OPS:
+            op_rows = [r for r in rows if r["op"] == op]
+            if not op_rows:
+                continue
+            body = []
+            for r in op_rows:
+                body.append([size_str(r["bytes"])] + [us(r[f"{v}_us"]) for v in VARIANTS] + [
+                    f"{r['hpccomm_busbw_GBs']:.3f}", f"{r['mpi4py_busbw_GBs']:.3f}",
+                    f"{r['gloo_busbw_GBs']:.3f}",
+                    f"{r['hpccomm_over_mpi4py_bw']:.2f}",
+                    f"{r['hpccomm_async_over_mpi4py_bw']:.2f}",
+                    f"{r['gloo_over_hpccomm_time']:.1f}x"])
+            parts.append(f"**{op}** ({n} ranks): time in µs (median), busbw in GB/s\n")
+            parts.append(table(["size", "hpccomm", "hpccomm async", "mpi4py", "mpi4py nb",
+                                "gloo", "busbw hpccomm", "busbw mpi4py", "busbw gloo",
+                                "hpccomm/mpi4py bw", "async/mpi4py bw", "gloo/hpccomm time"],
+                               body))
+            parts.append("")
+        blocks[f"collectives_n{n}"] = "\n".join(parts)
+    return blocks
+
+
+def _verdict_rows(n, rcs, stat):
+    """Target checks on the median (stat='') or best-round (stat='_min') times."""
+    t = lambda r, v: r[f"{v}{stat}_us"]  # noqa: E731
+    label = "median" if not stat else "best round"
+    rows = []
+    small = [r for r in rcs if r["op"] == "all_reduce" and r["bytes"] <= 8]
+    if small:
+        r = small[0]
+        d_sync = t(r, "hpccomm") - t(r, "mpi4py")
+        d_async = t(r, "hpccomm_async") - t(r, "mpi4py")
+        rows.append([n, label, "all_reduce 8 B, sync: + ≤ 4 µs over blocking Allreduce",
+                     f"{t(r, 'mpi4py'):.2f} → {t(r, 'hpccomm'):.2f} µs ({d_sync:+.2f})",
+                     "met" if d_sync <= 4 else "**missed**"])
+        rows.append([n, label, "all_reduce 8 B, async+wait: + ≤ 6 µs",
+                     f"{t(r, 'mpi4py'):.2f} → {t(r, 'hpccomm_async'):.2f} µs ({d_async:+.2f}; "
+                     f"raw Iallreduce+Wait {t(r, 'mpi4py_nb'):.2f})",
+                     "met" if d_async <= 6 else "**missed**"])
+    for op in OPS:
+        big = [r for r in rcs if r["op"] == op and r["bytes"] >= BIG]
+        if not big:
+            continue
+        ratio = lambda r, v: t(r, "mpi4py") / t(r, v)  # noqa: E731
+        worst = min(big, key=lambda r: ratio(r, "hpccomm"))
+        worst_a = min(big, key=lambda r: ratio(r, "hpccomm_async"))
+        ok = ratio(worst, "hpccomm") >= 0.97 and ratio(worst_a, "hpccomm_async") >= 0.97
+        rows.append([n, label, f"{op} ≥ 256 KiB: ≥ 0.97 × mpi4py bandwidth",
+                     f"worst sync {ratio(worst, 'hpccomm'):.2f} at {size_str(worst['bytes'])}, "
+                     f"worst async {ratio(worst_a, 'hpccomm_async'):.2f} at "
+                     f"{size_str(worst_a['bytes'])}", "met" if ok else "**missed**"])
+    g = lambda r: t(r, "gloo") / t(r, "hpccomm")  # noqa: E731
+    slow = min(rcs, key=g)
+    rows.append([n, label, "faster than gloo at every size and op",
+                 f"gloo/hpccomm time: min {g(slow):.1f}x ({slow['op']} "
+                 f"{size_str(slow['bytes'])}), median {sorted(map(g, rcs))[len(rcs) // 2]:.1f}x",
+                 "met" if g(slow) > 1 else "**missed**"])
+    return rows
+
+
+def verdicts(data):
+    rows = []
+    for n, (rcs, _) in sorted(data.items()):
+        rows += _verdict_rows(n, rcs, "")
+        if rcs and "hpccomm_min_us" in rcs[0]:
+            rows += _verdict_rows(n, rcs, "_min")
+    return table(["ranks", "statistic", "target (issue 8)", "measured", "verdict"], rows)
+
+
+def headline(data):
+    body = []
+    for n, (rcs, meta) in sorted(data.items()):
+        r8 = [r for r in rcs if r["op"] == "all_reduce" and r["bytes"] <= 8]
+        r16 = [r for r in rcs if r["op"] == "all_reduce" and r["bytes"] == 16 * MiB]
+        if r8:
+            r = r8[0]
+            body.append([n, "all_reduce 8 B latency, median (µs)"] +
+                        [f"{r[f'{v}_us']:.2f}" for v in VARIANTS])
+            if "hpccomm_min_us" in r:
+                body.append([n, "all_reduce 8 B latency, best round (µs)"] +
+                            [f"{r[f'{v}_min_us']:.2f}" for v in VARIANTS])
+        if r16:
+            r = r16[0]
+            body.append([n, "all_reduce 16 MiB busbw (GB/s)"] +
+                        [f"{r[f'{v}_busbw_GBs']:.3f}" for v in VARIANTS])
+        if meta.get("copy_GBs_all_ranks"):
+            body.append([n, "NumPy copy, all ranks at once (GB/s per rank)",
+                         f"{meta['copy_GBs_all_ranks']:.2f}", "", "", "", ""])
+    return table(["ranks", "measure"] + [LABELS[v] for v in VARIANTS], body)
+
+
+def objects_table():
+    body = []
+    for path in sorted(glob.glob(os.path.join(DOCS, "bench_objects_n*.csv"))):
+        n = int(re.search(r"_n(\d+)\.csv$", path).group(1))
+        for r in read_csv(path):
+            body.append([n, r["op"], r["object"], r["pickled_bytes"], us(r["hpccomm_us"]),
+                         us(r["mpi4py_us"]), us(r["gloo_us"]),
+                         f"{r['hpccomm_us'] / r['mpi4py_us']:.2f}",
+                         f"{r['gloo_us'] / r['hpccomm_us']:.1f}x"])
+    if not body:
+        return "(not measured)"
+    return table(["ranks", "op", "object", "pickled B", "hpccomm µs", "mpi4py lowercase µs",
+                  "gloo µs", "hpccomm/mpi4py time", "gloo/hpccomm time"], body)
+
+
+def init_table():
+    path = os.path.join(DOCS, "bench_init.csv")
+    if not os.path.exists(path):
+        return "(not measured)"
+    rows = read_csv(path)
+    by = {(r["ranks"], r["library"]): r for r in rows}
+    body = []
+    for n in sorted({r["ranks"] for r in rows}):
+        h, g = by.get((n, "hpccomm")), by.get((n, "gloo"))
+        if not h or not g:
+            continue
+        body.append([n, f"{h['init_plus_barrier_ms']:.0f}", f"{g['init_plus_barrier_ms']:.0f}",
+                     f"{g['init_plus_barrier_ms'] / h['init_plus_barrier_ms']:.1f}x",
+                     f"{h['import_ms']:.0f}", f"{g['import_ms']:.0f}", h["launches"],
+                     h["note"]])
+    return table(["ranks", "hpccomm init+barrier ms", "gloo init+barrier ms", "gloo/hpccomm",
+                  "import hpccomm ms", "import torch.distributed ms", "launches (median)",
+                  "hpccomm store"], body)
+
+
+def membw_table():
+    path = os.path.join(DOCS, "bench_membw.csv")
+    if not os.path.exists(path):
+        return "(not measured)"
+    rows = read_csv(path)
+    return table(["what", "bytes", "GB/s"],
+                 [[r["what"], size_str(r["bytes"]), f"{r['GBs']:.2f}"] for r in rows])
+
+
+def hotpath_table():
+    path = os.path.join(DOCS, "bench_hotpath.csv")
+    if not os.path.exists(path):
+        return "(not measured)"
+    rows = read_csv(path)
+    return table(["piece (1 rank, CPU time per call)", "ns"],
+                 [[r["piece"], f"{r['ns']:.0f}"] for r in rows])
+
+
+def plot(data):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ns = sorted(data)
+    if not ns:
+        return None
+    fig, axes = plt.subplots(2 * len(ns), len(OPS), figsize=(4 * len(OPS), 3.4 * 2 * len(ns)),
+                             squeeze=False)
+    styles = {"hpccomm": ("C0", "-", "o"), "hpccomm_async": ("C0", "--", "s"),
+              "mpi4py": ("k", "-", "^"), "mpi4py_nb": ("0.5", ":", "v"),
+              "gloo": ("C3", "-", "x")}
+    for i, n in enumerate(ns):
+        rows = data[n][0]
+        for j, op in enumerate(OPS):
+            op_rows = [r for r in rows if r["op"] == op]
+            x = [r["bytes"] for r in op_rows]
+            for v in VARIANTS:
+                c, ls, m = styles[v]
+                axes[2 * i][j].plot(x, [r[f"{v}_us"] for r in op_rows], color=c, ls=ls,
+                                    marker=m, ms=3, label=LABELS[v])
+                axes[2 * i + 1][j].plot(x, [r[f"{v}_busbw_GBs"] for r in op_rows], color=c,
+                                        ls=ls, marker=m, ms=3, label=LABELS[v])
+            for k, ylabel in ((2 * i, "time (µs)"), (2 * i + 1, "busbw (GB/s)")):
+                ax = axes[k][j]
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.grid(True, which="both", alpha=0.3)
+                ax.set_title(f"{op}, {n} ranks", fontsize=9)
+                ax.set_xlabel("bytes")
+                if j == 0:
+                    ax.set_ylabel(ylabel)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    out = os.path.join(DOCS, "performance.png")
+    fig.savefig(out, dpi=80)
+    return out
+
+
+SKELETON = """# Performance: hpccomm vs raw mpi4py vs torch.distributed (gloo)
+
+Regenerate everything (CSV, plot, the tables below) with one command:
+
+    benchmarks/run_all.sh
+
+<!-- generated:headline -->
+<!-- /generated:headline -->
+
+<!-- generated:targets -->
+<!-- /generated:targets -->
+
+![collectives](performance.png)
+
+<!-- generated:collectives_n2 -->
+<!-- /generated:collectives_n2 -->
+
+<!-- generated:collectives_n4 -->
+<!-- /generated:collectives_n4 -->
+
+<!-- generated:objects -->
+<!-- /generated:objects -->
+
+<!-- generated:init -->
+<!-- /generated:init -->
+
+<!-- generated:membw -->
+<!-- /generated:membw -->
+
+<!-- generated:hotpath -->
+<!-- /generated:hotpath -->
+"""
+
+
+def main():
+    data = load()
+    blocks = {"headline": headline(data), "targets": verdicts(data),
+              "objects": objects_table(), "init": init_table(), "membw": membw_table(),
+              "hotpath": hotpath_table()}
+    blocks.update(collectives_tables(data))
+    png = plot(data)
+    md_path = os.path.join(DOCS, "performance.md")
+    text = open(md_path).read() if os.path.exists(md_path) else SKELETON
+    for name, body in blocks.items():
+        pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)",
+                             re.S)
+        if pattern.search(text):
+            text = pattern.sub(lambda m: m.group(1) + body.strip() + "\n" + m.group(2), text)
+        else:
+            print(f"(no generated:{name} block in performance.md; printed only)",
+                  file=sys.stderr)
+    with open(md_path, "w") as f:
+        f.write(text)
+    for name in ["headline", "targets"] + sorted(k for k in blocks if k.startswith("coll")) + [
+            "objects", "init", "membw", "hotpath"]:
+        print(f"\n## {name}\n\n{blocks.get(name, '')}")
+    print(f"\nwrote {md_path}" + (f" and {png}" if png else ""))
+
+
+if __name__ == "__main__":
+    main()
