@@ -35,12 +35,9 @@ _LOGICAL = {RedOpType.SUM: MPI.LOR, RedOpType.MAX: MPI.LOR, RedOpType.BOR: MPI.L
             RedOpType.PRODUCT: MPI.LAND, RedOpType.MIN: MPI.LAND, RedOpType.BAND: MPI.LAND,
             RedOpType.BXOR: MPI.LXOR}
 
-_PREDEFINED: Dict[Any, Any] = {}
-for _char, _mpitype in MPI._typedict.items():
-    try:
-        _PREDEFINED.setdefault(np.dtype(_char), _mpitype)
-    except TypeError:
-        pass
+# NumPy type code -> MPI's predefined type (float16 only where MPI has one, e.g. MPICH).
+_PREDEFINED: Dict[Any, Any] = {np.dtype(char): MPI._typedict[char]
+                               for char in "?bBhHiIlLqQefdFD" if char in MPI._typedict}
 _BYTES: Dict[int, Any] = {}  # itemsize -> committed contiguous byte type
 _FLOAT32 = np.dtype(np.float32)
 
