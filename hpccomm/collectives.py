@@ -63,15 +63,25 @@ def _uneven_counts(sizes: Sequence[int]) -> Optional[List[int]]:
     return None if all(size == first for size in sizes) else list(sizes)
 
 
-def _outputs(pg, op: str, comm, dtype, tensors: Sequence[Any], what: str) -> List[Any]:
-    """Validate a per-rank list of output arrays; return them as arrays."""
+def _array_list(pg, op: str, comm, dtype, tensors: Sequence[Any], what: str,
+                output: bool = True) -> List[Any]:
+    """Validate a per-rank list of arrays (one per rank, same device and dtype)."""
     arrays = []
     for index, tensor in enumerate(_call.count_list(pg, op, tensors, what)):
-        out_comm, arr = _call.array(pg, op, tensor, f"{what}[{index}]")
-        _call.same_device(pg, op, comm, out_comm, f"{what}[{index}]")
+        item_comm, arr = _call.array(pg, op, tensor, f"{what}[{index}]", output=output)
+        _call.same_device(pg, op, comm, item_comm, f"{what}[{index}]")
         _call.same_dtype(pg, op, dtype, arr, f"{what}[{index}]")
         arrays.append(arr)
     return arrays
+
+
+def _settle(work: Work, keep: Any, async_op: bool) -> Optional[Work]:
+    """Keep staging buffers alive with ``work``; wait unless ``async_op``."""
+    work._keep = keep
+    if async_op:
+        return work
+    work.wait()
+    return None
 
 
 def _scatter_into(staging: Any, outputs: Sequence[Any]):
@@ -99,7 +109,7 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
     op = "all_gather"
     pg = _group(group, op)
     comm, arr = _call.array(pg, op, tensor, output=False)
-    outputs = _outputs(pg, op, comm, arr.dtype, tensor_list, "tensor_list")
+    outputs = _array_list(pg, op, comm, arr.dtype, tensor_list, "tensor_list")
     counts = [out.size for out in outputs]
     if counts[pg.rank()] != arr.size:
         raise pg.error(op, f"tensor has {arr.size} elements but tensor_list[{pg.rank()}] "
@@ -113,11 +123,7 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
 def _finish_into(work: Work, staging: Any, outputs: Sequence[Any], async_op: bool
                  ) -> Optional[Work]:
     _call.then(work, _scatter_into(staging, outputs))
-    work._keep = staging
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _settle(work, staging, async_op)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLike = None,
@@ -158,7 +164,7 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
                             async_op, root)
     if gather_list is None:
         raise pg.error(op, "gather_list is required on the destination rank")
-    outputs = _outputs(pg, op, comm, arr.dtype, gather_list, "gather_list")
+    outputs = _array_list(pg, op, comm, arr.dtype, gather_list, "gather_list")
     counts = [out.size for out in outputs]
     if counts[root] != arr.size:
         raise pg.error(op, f"tensor has {arr.size} elements but gather_list[{root}] has "
@@ -184,12 +190,7 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
                             async_op, root, result=(tensor,))
     if scatter_list is None:
         raise pg.error(op, "scatter_list is required on the source rank")
-    inputs = []
-    for index, item in enumerate(_call.count_list(pg, op, scatter_list, "scatter_list")):
-        in_comm, arr = _call.array(pg, op, item, f"scatter_list[{index}]", output=False)
-        _call.same_device(pg, op, comm, in_comm, f"scatter_list[{index}]")
-        _call.same_dtype(pg, op, out.dtype, arr, f"scatter_list[{index}]")
-        inputs.append(arr)
+    inputs = _array_list(pg, op, comm, out.dtype, scatter_list, "scatter_list", output=False)
     counts = [arr.size for arr in inputs]
     if counts[root] != out.size:
         raise pg.error(op, f"tensor has {out.size} elements but scatter_list[{root}] has "
@@ -197,11 +198,7 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
     staging = _concatenate(inputs, out)
     work = _call.launch(pg, op, comm.scatter, (staging, out.reshape(-1), root, counts), out,
                         True, root, result=(tensor,))
-    work._keep = staging
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _settle(work, staging, async_op)
 
 
 def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: GroupLike = None,
@@ -210,12 +207,7 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: Gr
     name = "reduce_scatter"
     pg = _group(group, name)
     comm, out = _call.array(pg, name, output, "output")
-    inputs = []
-    for index, item in enumerate(_call.count_list(pg, name, input_list, "input_list")):
-        in_comm, arr = _call.array(pg, name, item, f"input_list[{index}]", output=False)
-        _call.same_device(pg, name, comm, in_comm, f"input_list[{index}]")
-        _call.same_dtype(pg, name, out.dtype, arr, f"input_list[{index}]")
-        inputs.append(arr)
+    inputs = _array_list(pg, name, comm, out.dtype, input_list, "input_list", output=False)
     counts = [arr.size for arr in inputs]
     if counts[pg.rank()] != out.size:
         raise pg.error(name, f"output has {out.size} elements but input_list[{pg.rank()}] "
@@ -225,11 +217,7 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: Gr
     work = _call.launch(pg, name, comm.reduce_scatter,
                         (staging, out.reshape(-1), kind, factor, _uneven_counts(counts)), out,
                         True, result=(output,))
-    work._keep = staging
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _settle(work, staging, async_op)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupLike = None,
@@ -295,27 +283,19 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
     """Send ``input_tensor_list[j]`` to rank ``j``; receive rank ``j``'s into ``output[j]``."""
     name = "all_to_all"
     pg = _group(group, name)
-    inputs_raw = _call.count_list(pg, name, input_tensor_list, "input_tensor_list")
-    comm, first = _call.array(pg, name, inputs_raw[0], "input_tensor_list[0]", output=False)
-    inputs = [first]
-    for index, item in enumerate(inputs_raw[1:], 1):
-        in_comm, arr = _call.array(pg, name, item, f"input_tensor_list[{index}]", output=False)
-        _call.same_device(pg, name, comm, in_comm, f"input_tensor_list[{index}]")
-        _call.same_dtype(pg, name, first.dtype, arr, f"input_tensor_list[{index}]")
-        inputs.append(arr)
-    outputs = _outputs(pg, name, comm, first.dtype, output_tensor_list, "output_tensor_list")
-    staging_in = _concatenate(inputs, first)
+    first_raw = _call.count_list(pg, name, input_tensor_list, "input_tensor_list")[0]
+    comm, first = _call.array(pg, name, first_raw, "input_tensor_list[0]", output=False)
+    inputs = _array_list(pg, name, comm, first.dtype, input_tensor_list, "input_tensor_list",
+                         output=False)
+    outputs = _array_list(pg, name, comm, first.dtype, output_tensor_list, "output_tensor_list")
+    staging_in = _concatenate(inputs, inputs[0])
     staging_out = _call.empty(first, sum(out.size for out in outputs))
     work = _call.launch(pg, name, comm.all_to_all,
                         (staging_in, staging_out, [a.size for a in inputs],
                          [o.size for o in outputs]), first, True,
                         result=tuple(output_tensor_list))
-    work._keep = (staging_in, staging_out)
     _call.then(work, _scatter_into(staging_out, outputs))
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _settle(work, (staging_in, staging_out), async_op)
 
 
 def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = None,
