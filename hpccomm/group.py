@@ -79,6 +79,7 @@ class ProcessGroup:
                 f"rank {self._rank} of group '{self.group_name}': no backend for {device} "
                 f"arrays (backends: {self.backend_string()})")
         creator, devices, _ = Backend._plugins[name]
+        creator = Backend._device_creators.get((name, device), creator)
         if isinstance(creator, str):
             module, _, attr = creator.partition(":")
             creator = getattr(importlib.import_module(module), attr)

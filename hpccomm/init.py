@@ -188,6 +188,9 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if device_id is not None:
         pg.bound_device_id = getattr(device_id, "index", device_id)
     try:
+        if "cuda" in backends:  # fix this rank's GPU now (no-op without CuPy or device_id)
+            from .backends import _cuda
+            _cuda.bind_at_init(world_comm, device_id)
         registry.store = _make_store(init_method, store, mpi_rank, mpi_size, seconds, comm)
     except BaseException:
         destroy_process_group()

@@ -127,6 +127,9 @@ class Backend(str):
     }
     _aliases = {"gloo": "mpi", "undefined": "mpi"}
     default_device_backend_map = {"cpu": "mpi", "cuda": "nccl"}
+    #: (backend, device) -> creator used instead of the backend's own for that device.
+    _device_creators: Dict["tuple[str, str]", Any] = {
+        ("mpi", "cuda"): "hpccomm.backends.mpi_cuda:MPICudaCommunicator"}
 
     def __new__(cls, name: str) -> "Backend":
         if not isinstance(name, str):

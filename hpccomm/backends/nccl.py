@@ -1,0 +1,605 @@
+"""The NCCL backend: CuPy arrays through ``cupy.cuda.nccl``, bootstrapped over MPI.
+
+Rank 0 of the group creates the NCCL unique id and broadcasts it over the group's MPI
+communicator: no store, no port. The group communicator is made on the first
+collective (all ranks call it); a point-to-point call before any collective makes a
+two-rank communicator for that pair (id sent over MPI by the lower rank), as torch does.
+``batch_isend_irecv`` always uses the group communicator, in one NCCL group call.
+
+Every operation runs on this backend's internal stream, after an event recorded on the
+caller's current stream, and returns a :class:`~._cuda.CudaWork` (see ``_cuda``).
+Movement (broadcast, gather, send...) is byte-exact (``ncclInt8``). Reductions map to
+NCCL types and ops; what NCCL lacks is done around it: complex as pairs of reals, bool
+as uint8 MIN/MAX, int16 in int32, ``AVG`` as ``ncclAvg`` (NCCL >= 2.10, else sum then
+divide), ``PREMUL_SUM`` as a multiply then sum, and bitwise ops or complex PRODUCT by
+all-gathering the inputs and reducing locally (correct, not fast).
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import DistBackendError, DistError, DistTimeoutError, DistValueError
+from ..types import RedOpType
+from ..work import Work
+from . import _cuda
+from .base import Communicator
+
+#: MPI tag for sending a pair communicator's unique id (top of hpccomm's reserved range).
+BOOTSTRAP_TAG = 32767
+_MEMCPY_D2D = 3  # cudaMemcpyDeviceToDevice
+_available: Optional[bool] = None
+
+
+def nccl_module() -> Any:
+    """``cupy.cuda.nccl`` (imported on first use)."""
+    return importlib.import_module("cupy.cuda.nccl")
+
+
+def available() -> bool:
+    """True only when CuPy imports, a CUDA device is visible and NCCL loads (cached)."""
+    global _available
+    if _available is None:
+        try:
+            cp = _cuda.cupy()
+            nccl = nccl_module()
+            _available = bool(getattr(nccl, "available", True)
+                              and cp.cuda.runtime.getDeviceCount() > 0
+                              and nccl.get_version() > 0)
+        except Exception:
+            _available = False
+    return _available
+
+
+def version() -> Tuple[int, int, int]:
+    """The loaded NCCL library's version as ``(major, minor, patch)``."""
+    code = nccl_module().get_version()
+    if code < 10000:  # NCCL <= 2.8 encodes X*1000 + Y*100 + Z
+        return code // 1000, code % 1000 // 100, code % 100
+    return code // 10000, code % 10000 // 100, code % 100
+
+
+class Plan(NamedTuple):
+    """How to reduce one (dtype, op): mode, NCCL type and op, views and fix-ups."""
+
+    mode: str            # "native", "stage" (reduce in a wider dtype) or "gather"
+    nccl_type: int
+    nccl_op: int
+    unit: Any            # dtype whose elements NCCL counts (float32 for complex64...)
+    stage: Any           # dtype reduced in, for "stage"
+    divide: bool         # AVG as a sum, divided afterwards
+
+
+_SUM, _AVG, _PREMUL = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM
+_BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
+_UFUNC = {RedOpType.SUM: "add", RedOpType.AVG: "add", RedOpType.PREMUL_SUM: "add",
+          RedOpType.PRODUCT: "multiply", RedOpType.MIN: "minimum", RedOpType.MAX: "maximum",
+          RedOpType.BAND: "bitwise_and", RedOpType.BOR: "bitwise_or",
+          RedOpType.BXOR: "bitwise_xor"}
+
+
+def make_plan(nccl: Any, dtype: Any, kind: RedOpType, has_avg: bool) -> Plan:
+    """The reduction plan for ``dtype`` and ``kind`` given the ``cupy.cuda.nccl`` module."""
+    ops = {RedOpType.SUM: nccl.NCCL_SUM, RedOpType.PRODUCT: nccl.NCCL_PROD,
+           RedOpType.MIN: nccl.NCCL_MIN, RedOpType.MAX: nccl.NCCL_MAX,
+           RedOpType.PREMUL_SUM: nccl.NCCL_SUM}
+    gather = Plan("gather", nccl.NCCL_INT8, nccl.NCCL_SUM, np.dtype(np.uint8), None, False)
+    if dtype.kind == "b":
+        if kind == RedOpType.BXOR:
+            return gather
+        up = kind in (RedOpType.SUM, RedOpType.MAX, RedOpType.BOR)
+        return Plan("native", nccl.NCCL_UINT8, nccl.NCCL_MAX if up else nccl.NCCL_MIN,
+                    np.dtype(np.uint8), None, False)
+    if kind in _BITWISE or (dtype.kind == "c" and kind == RedOpType.PRODUCT):
+        return gather
+    if kind == _AVG:
+        avg = getattr(nccl, "NCCL_AVG", None) if has_avg else None
+        nop, divide = (avg, False) if avg is not None else (nccl.NCCL_SUM, True)
+    else:
+        nop, divide = ops[kind], False
+    if _cuda.is_bfloat16(dtype):
+        bf16 = getattr(nccl, "NCCL_BFLOAT16", None)
+        if bf16 is None or divide:
+            raise DistBackendError("bfloat16 reductions need NCCL >= 2.10 and a CuPy that "
+                                   "exposes NCCL_BFLOAT16")
+        return Plan("native", bf16, nop, dtype, None, False)
+    if dtype in (np.dtype(np.int16), np.dtype(np.uint16)):
+        stage = np.dtype(np.int32 if dtype.kind == "i" else np.uint32)
+        return Plan("stage", _TYPES(nccl)[stage], nop, stage, stage, divide)
+    unit = np.dtype(dtype.char.lower()) if dtype.kind == "c" else dtype
+    ntype = _TYPES(nccl).get(unit)
+    if ntype is None:
+        raise DistBackendError(f"NCCL cannot reduce dtype {dtype}")
+    return Plan("native", ntype, nop, unit, None, divide)
+
+
+def _TYPES(nccl: Any) -> Dict[Any, int]:
+    return {np.dtype(np.int8): nccl.NCCL_INT8, np.dtype(np.uint8): nccl.NCCL_UINT8,
+            np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.uint32): nccl.NCCL_UINT32,
+            np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint64): nccl.NCCL_UINT64,
+            np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
+            np.dtype(np.float64): nccl.NCCL_FLOAT64}
+
+
+def offsets(counts: Sequence[int]) -> List[int]:
+    """Start of each block given block sizes."""
+    out, total = [], 0
+    for count in counts:
+        out.append(total)
+        total += count
+    return out
+
+
+class NCCLCommunicator(Communicator):
+    """One group's NCCL communicator(s), driven on an internal CUDA stream."""
+
+    name = "nccl"
+
+    def __init__(self, comm: Any, timeout: Optional[float] = None):
+        if not available():
+            raise DistBackendError("the NCCL backend needs CuPy, a visible CUDA device and "
+                                   "the NCCL library (pip install cupy-cuda12x "
+                                   "nvidia-nccl-cu12); hpccomm.is_nccl_available() is False")
+        self.mpi_comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.timeout = timeout
+        self.cp = _cuda.cupy()
+        self.nccl = nccl_module()
+        self.device = _cuda.bound_device()
+        self._dev = self.cp.cuda.Device(self.device)
+        with self._dev:
+            self.stream = self.cp.cuda.Stream(non_blocking=True)
+            self._ready = self.cp.cuda.Event(disable_timing=True)
+        self.has_avg = self.nccl.get_version() >= 21000
+        self.blocking = _cuda.blocking_wait()
+        self.failure: Optional[BaseException] = None
+        self._comm: Any = None                      # the group's NCCL communicator
+        self._pairs: Dict[int, Any] = {}            # peer -> two-rank communicator
+        self._created: List[Any] = []               # every NCCL communicator, in order
+        self._plans: Dict[Tuple[Any, RedOpType], Plan] = {}
+        self._batch: Optional[List[Work]] = None
+        self._group_open = False
+        self._lock = threading.RLock()
+        self._closed = False
+        self.watchdog = _cuda.Watchdog(self, self.device, timeout)
+
+    # -- communicators --------------------------------------------------------------------
+    def _new_comm(self, nranks: int, uid: bytes, rank: int) -> Any:
+        with self._dev:
+            made = self.nccl.NcclCommunicator(nranks, uid, rank)
+        self._created.append(made)
+        return made
+
+    def _full(self) -> Any:
+        """The group's NCCL communicator; made on first use (collective over the group)."""
+        if self._comm is None:
+            payload: Any = None
+            if self.rank == 0:
+                try:
+                    payload = ("id", self.nccl.get_unique_id())
+                except Exception as exc:
+                    payload = ("error", str(exc))
+            payload = self.mpi_comm.bcast(payload, root=0)
+            if payload[0] != "id":
+                raise DistBackendError(f"rank 0 could not create an NCCL unique id: {payload[1]}")
+            self._comm = self._new_comm(self.size, payload[1], self.rank)
+        return self._comm
+
+    def _p2p(self, peer: int) -> Tuple[Any, int]:
+        """(communicator, peer's rank in it) for a send or receive outside a batch."""
+        if self._batch is not None:
+            comm = self._full()
+            self._open_group()
+            return comm, peer
+        pair = self._pairs.get(peer)
+        if pair is not None:
+            return pair, 0 if peer < self.rank else 1
+        if self._comm is not None or self.size <= 2:
+            return self._full(), peer
+        low = self.rank < peer
+        if low:
+            uid = self.nccl.get_unique_id()
+            self.mpi_comm.send(uid, dest=peer, tag=BOOTSTRAP_TAG)
+        else:
+            uid = self.mpi_comm.recv(source=peer, tag=BOOTSTRAP_TAG)
+        pair = self._pairs[peer] = self._new_comm(2, uid, 0 if low else 1)
+        return pair, 1 if low else 0
+
+    def _open_group(self) -> None:
+        if not self._group_open:
+            self.nccl.groupStart()
+            self._group_open = True
+
+    # -- ordering -------------------------------------------------------------------------
+    def _begin(self, *arrays: Any) -> Any:
+        """Check state and devices; order the internal stream after the caller's stream."""
+        if self.failure is not None:
+            raise self.failure
+        if self._closed:
+            raise DistError("the NCCL communicator was shut down")
+        for arr in arrays:
+            if arr is not None and arr.device.id != self.device:
+                raise DistValueError(f"array on cuda:{arr.device.id}, but this rank's NCCL "
+                                     f"communicator is bound to cuda:{self.device} (pass "
+                                     f"device_id= to init_process_group or move the array)")
+        current = self.cp.cuda.get_current_stream()
+        stream = self.stream
+        if current != stream:
+            self._ready.record(current)
+            stream.wait_event(self._ready)
+        return stream
+
+    def _end(self, keep: Any, finish: Any = None) -> Work:
+        """The Work of what was just enqueued (its event comes at ``end_batch`` in a batch)."""
+        work = _cuda.CudaWork(self, None, keep, finish)
+        if self._batch is not None:
+            self._batch.append(work)
+            return work
+        with self._dev:
+            event = self.cp.cuda.Event(disable_timing=True)
+        event.record(self.stream)
+        work.event = event
+        self.watchdog.track(event, work)
+        return work
+
+    def _plan(self, dtype: Any, kind: RedOpType) -> Plan:
+        plan = self._plans.get((dtype, kind))
+        if plan is None:
+            plan = self._plans[(dtype, kind)] = make_plan(self.nccl, dtype, kind, self.has_avg)
+        return plan
+
+    # -- local steps on the internal stream ---------------------------------------------------
+    def _prepare(self, plan: Plan, kind: RedOpType, factor: Any, buf: Any,
+                 may_modify: bool) -> Any:
+        """The buffer NCCL reduces: ``buf`` itself, or a staged / premultiplied copy."""
+        if plan.stage is not None:  # int16/uint16: never PREMUL_SUM (not a float)
+            return buf.astype(plan.stage)
+        if kind != _PREMUL:
+            return buf
+        work = buf if may_modify else self.cp.empty(buf.shape, buf.dtype)
+        return _cuda.premultiply(self.cp, buf, factor, work)
+
+    def _finish_reduce(self, plan: Plan, work: Any, out: Any) -> None:
+        """After the NCCL call: divide for AVG, copy a staged result back."""
+        if plan.divide:
+            self.cp.true_divide(work, self.size, out=work)
+        if work is not out:
+            out[...] = work.astype(out.dtype)
+
+    def _count(self, plan: Plan, arr: Any) -> int:
+        return arr.nbytes // plan.unit.itemsize
+
+    def _gathered(self, comm: Any, stream: Any, send: Any) -> Any:
+        """Every rank's ``send`` as rows of a ``(size, n)`` array (fallback reductions)."""
+        rows = self.cp.empty((self.size, send.size), send.dtype)
+        comm.allGather(send.data.ptr, rows.data.ptr, send.nbytes, self.nccl.NCCL_INT8,
+                       stream.ptr)
+        return rows
+
+    def _reduce_rows(self, rows: Any, kind: RedOpType, factor: Any) -> Any:
+        """Reduce the rows of a gathered array in rank order (same result on every rank)."""
+        ufunc = getattr(self.cp, _UFUNC[kind])
+        acc = rows[0].copy()
+        if kind == _PREMUL:
+            _cuda.premultiply(self.cp, acc, factor, acc)
+        for index in range(1, self.size):
+            row = rows[index]
+            if kind == _PREMUL:
+                row = _cuda.premultiply(self.cp, row, factor, row.copy())
+            ufunc(acc, row, out=acc)
+        if kind == _AVG:
+            self.cp.true_divide(acc, self.size, out=acc)
+        return acc
+
+    # -- collectives ----------------------------------------------------------------------------
+    def broadcast(self, buf: Any, root: int) -> Work:
+        with self._lock:
+            comm = self._full()
+            stream = self._begin(buf)
+            ptr = buf.data.ptr
+            comm.broadcast(ptr, ptr, buf.nbytes, self.nccl.NCCL_INT8, root, stream.ptr)
+            return self._end(buf)
+
+    def all_reduce(self, buf: Any, kind: RedOpType, factor: Any) -> Work:
+        plan = self._plans.get((buf.dtype, kind)) or self._plan(buf.dtype, kind)
+        with self._lock:
+            comm = self._full()
+            stream = self._begin(buf)
+            if plan.mode == "native" and kind is _SUM:  # the hot path
+                ptr = buf.data.ptr
+                comm.allReduce(ptr, ptr, buf.nbytes // plan.unit.itemsize, plan.nccl_type,
+                               plan.nccl_op, stream.ptr)
+                return self._end(buf)
+            with self._dev, stream:
+                if plan.mode == "gather":
+                    flat = buf.reshape(-1)
+                    rows = self._gathered(comm, stream, flat)
+                    flat[...] = self._reduce_rows(rows, kind, factor)
+                    return self._end((buf, rows))
+                work = self._prepare(plan, kind, factor, buf, True)
+                ptr = work.data.ptr
+                comm.allReduce(ptr, ptr, self._count(plan, work), plan.nccl_type,
+                               plan.nccl_op, stream.ptr)
+                self._finish_reduce(plan, work, buf)
+            return self._end((buf, work))
+
+    def reduce(self, buf: Any, kind: RedOpType, factor: Any, root: int) -> Work:
+        plan = self._plan(buf.dtype, kind)
+        at_root = self.rank == root
+        with self._lock:
+            comm = self._full()
+            stream = self._begin(buf)
+            with self._dev, stream:
+                if plan.mode == "gather":
+                    flat = buf.reshape(-1)
+                    rows = self._gathered(comm, stream, flat)
+                    if at_root:
+                        flat[...] = self._reduce_rows(rows, kind, factor)
+                    return self._end((buf, rows))
+                work = self._prepare(plan, kind, factor, buf, at_root)
+                ptr = work.data.ptr
+                comm.reduce(ptr, ptr, self._count(plan, work), plan.nccl_type, plan.nccl_op,
+                            root, stream.ptr)
+                if at_root:
+                    self._finish_reduce(plan, work, buf)
+            return self._end((buf, work))
+
+    def all_gather(self, send: Optional[Any], recv: Any,
+                   counts: Optional[Sequence[int]]) -> Work:
+        int8 = self.nccl.NCCL_INT8
+        item = recv.dtype.itemsize
+        with self._lock:
+            comm = self._full()
+            stream = self._begin(send, recv)
+            base = recv.data.ptr
+            if counts is None:
+                block = recv.nbytes // self.size
+                src = base + self.rank * block if send is None else send.data.ptr
+                comm.allGather(src, base, block, int8, stream.ptr)
+            else:
+                self.nccl.groupStart()
+                try:
+                    for peer, (start, count) in enumerate(zip(offsets(counts), counts)):
+                        dst = base + start * item
+                        src = send.data.ptr if send is not None and peer == self.rank else dst
+                        comm.broadcast(src, dst, count * item, int8, peer, stream.ptr)
+                finally:
+                    self.nccl.groupEnd()
+            return self._end((send, recv))
+
+    def gather(self, send: Any, recv: Optional[Any], root: int,
+               counts: Optional[Sequence[int]]) -> Work:
+        int8 = self.nccl.NCCL_INT8
+        with self._lock:
+            comm = self._full()
+            stream = self._begin(send, recv)
+            if self.rank != root:
+                if send.nbytes:
+                    comm.send(send.data.ptr, send.nbytes, int8, root, stream.ptr)
+                return self._end(send)
+            counts = list(counts) if counts else [send.size] * self.size
+            item = send.dtype.itemsize
+            starts = offsets(counts)
+            self.nccl.groupStart()
+            try:
+                for peer in range(self.size):
+                    if peer != root and counts[peer]:
+                        comm.recv(recv.data.ptr + starts[peer] * item, counts[peer] * item,
+                                  int8, peer, stream.ptr)
+            finally:
+                self.nccl.groupEnd()
+            self._copy(recv.data.ptr + starts[root] * item, send.data.ptr, send.nbytes, stream)
+            return self._end((send, recv))
+
+    def scatter(self, send: Optional[Any], recv: Any, root: int,
+                counts: Optional[Sequence[int]]) -> Work:
+        int8 = self.nccl.NCCL_INT8
+        with self._lock:
+            comm = self._full()
+            stream = self._begin(send, recv)
+            if self.rank != root:
+                if recv.nbytes:
+                    comm.recv(recv.data.ptr, recv.nbytes, int8, root, stream.ptr)
+                return self._end(recv)
+            counts = list(counts) if counts else [recv.size] * self.size
+            item = recv.dtype.itemsize
+            starts = offsets(counts)
+            self.nccl.groupStart()
+            try:
+                for peer in range(self.size):
+                    if peer != root and counts[peer]:
+                        comm.send(send.data.ptr + starts[peer] * item, counts[peer] * item,
+                                  int8, peer, stream.ptr)
+            finally:
+                self.nccl.groupEnd()
+            self._copy(recv.data.ptr, send.data.ptr + starts[root] * item, recv.nbytes, stream)
+            return self._end((send, recv))
+
+    def _copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        if nbytes and dst != src:
+            self.cp.cuda.runtime.memcpyAsync(dst, src, nbytes, _MEMCPY_D2D, stream.ptr)
+
+    def reduce_scatter(self, send: Any, recv: Any, kind: RedOpType, factor: Any,
+                       counts: Optional[Sequence[int]]) -> Work:
+        plan = self._plan(send.dtype, kind)
+        with self._lock:
+            comm = self._full()
+            stream = self._begin(send, recv)
+            with self._dev, stream:
+                flat_out = recv.reshape(-1)
+                if plan.mode == "gather":
+                    flat = send.reshape(-1)
+                    rows = self._gathered(comm, stream, flat)
+                    sizes = list(counts) if counts else [recv.size] * self.size
+                    start = offsets(sizes)[self.rank]
+                    flat_out[...] = self._reduce_rows(rows, kind, factor)[start:start + recv.size]
+                    return self._end((send, recv, rows))
+                work_send = self._prepare(plan, kind, factor, send, False)
+                work_recv = recv if plan.stage is None else self.cp.empty(recv.shape, plan.stage)
+                if counts is None:
+                    comm.reduceScatter(work_send.data.ptr, work_recv.data.ptr,
+                                       self._count(plan, work_recv), plan.nccl_type,
+                                       plan.nccl_op, stream.ptr)
+                else:
+                    per = work_send.dtype.itemsize // plan.unit.itemsize
+                    item = work_send.dtype.itemsize
+                    self.nccl.groupStart()
+                    try:
+                        for peer, (start, count) in enumerate(zip(offsets(counts), counts)):
+                            comm.reduce(work_send.data.ptr + start * item, work_recv.data.ptr,
+                                        count * per, plan.nccl_type, plan.nccl_op, peer,
+                                        stream.ptr)
+                    finally:
+                        self.nccl.groupEnd()
+                self._finish_reduce(plan, work_recv, recv)
+            return self._end((send, recv, work_send, work_recv))
+
+    def all_to_all(self, send: Any, recv: Any, send_counts: Optional[Sequence[int]],
+                   recv_counts: Optional[Sequence[int]]) -> Work:
+        int8 = self.nccl.NCCL_INT8
+        if send_counts is None:
+            send_counts = [send.size // self.size] * self.size
+            recv_counts = [recv.size // self.size] * self.size
+        item = send.dtype.itemsize
+        with self._lock:
+            comm = self._full()
+            stream = self._begin(send, recv)
+            sends, recvs = offsets(send_counts), offsets(recv_counts)
+            self.nccl.groupStart()
+            try:
+                for peer in range(self.size):
+                    if peer == self.rank:
+                        continue
+                    if send_counts[peer]:
+                        comm.send(send.data.ptr + sends[peer] * item, send_counts[peer] * item,
+                                  int8, peer, stream.ptr)
+                    if recv_counts[peer]:
+                        comm.recv(recv.data.ptr + recvs[peer] * item, recv_counts[peer] * item,
+                                  int8, peer, stream.ptr)
+            finally:
+                self.nccl.groupEnd()
+            me = self.rank
+            self._copy(recv.data.ptr + recvs[me] * item, send.data.ptr + sends[me] * item,
+                       min(send_counts[me], recv_counts[me]) * item, stream)
+            return self._end((send, recv))
+
+    def barrier(self) -> Work:
+        with self._lock:
+            comm = self._full()
+            stream = self._begin()
+            with self._dev, stream:
+                token = self.cp.zeros(1, self.cp.int32)
+            comm.allReduce(token.data.ptr, token.data.ptr, 1, self.nccl.NCCL_INT32,
+                           self.nccl.NCCL_SUM, stream.ptr)
+            return self._end(token)
+
+    # -- point to point ----------------------------------------------------------------------
+    def send(self, buf: Any, dst: int, tag: int) -> Work:
+        with self._lock:
+            comm, peer = self._p2p(dst)
+            stream = self._begin(buf)
+            comm.send(buf.data.ptr, buf.nbytes, self.nccl.NCCL_INT8, peer, stream.ptr)
+            return self._end(buf)
+
+    def recv(self, buf: Any, src: Optional[int], tag: int) -> Work:
+        if src is None:
+            raise DistValueError("NCCL cannot receive from any source: pass src (or use "
+                                 "backend='mpi' for CuPy arrays)")
+        with self._lock:
+            comm, peer = self._p2p(src)
+            stream = self._begin(buf)
+            comm.recv(buf.data.ptr, buf.nbytes, self.nccl.NCCL_INT8, peer, stream.ptr)
+            return self._end(buf, lambda: src)
+
+    def start_batch(self) -> None:
+        """Collect the following sends/receives into one NCCL group call."""
+        self._batch = []
+        self._group_open = False
+
+    def end_batch(self) -> None:
+        """Close the NCCL group; every Work of the batch completes with one event."""
+        batch, self._batch = self._batch, None
+        if self._group_open:
+            self._group_open = False
+            self.nccl.groupEnd()
+        if batch:
+            with self._dev:
+                event = self.cp.cuda.Event(disable_timing=True)
+            event.record(self.stream)
+            for work in batch:
+                work.event = event
+                self.watchdog.track(event, work)
+
+    # -- failure and life cycle ---------------------------------------------------------------
+    def async_error(self) -> Optional[str]:
+        """NCCL's asynchronous error of any of our communicators, as text (or ``None``)."""
+        for made in list(self._created):
+            try:
+                made.check_async_error()
+            except Exception as exc:
+                return str(exc)
+        return None
+
+    def fail(self, work: Optional[Work], message: str, abort: bool = True,
+             waited: float = 0.0, timeout: bool = True) -> None:
+        """Record the failure every later call and wait raises; abort the communicators."""
+        if self.failure is None:
+            kind = DistTimeoutError if timeout else DistBackendError
+            self.failure = kind(f"hpccomm NCCL backend, rank {self.rank}/{self.size}: "
+                                f"{message}; the NCCL communicator was aborted "
+                                f"(ncclCommAbort) and this group is unusable: call "
+                                f"destroy_process_group() or abort the job")
+            _cuda.run_timeout_hooks(work, waited)
+        if abort:
+            self._abort_comms()
+
+    def _abort_comms(self) -> None:
+        got = self._lock.acquire(timeout=5)  # abort anyway if the main thread is stuck
+        try:
+            for made in self._created:
+                try:
+                    made.abort()
+                except Exception:
+                    pass
+            self._created = []
+            self._comm = None
+            self._pairs.clear()
+        finally:
+            if got:
+                self._lock.release()
+
+    def shutdown(self) -> None:
+        """Finish outstanding work (bounded by the timeout), then destroy in creation order."""
+        if self._closed:
+            return
+        self._closed = True
+        self.watchdog.close()
+        if self.failure is None and self._created:
+            deadline = time.monotonic() + (self.timeout if self.timeout is not None else 1e9)
+            while not self.stream.done:
+                if time.monotonic() > deadline:
+                    self.fail(None, "work still pending at shutdown after the timeout",
+                              abort=True)
+                    return
+                time.sleep(0.0005)
+        for made in self._created:
+            try:
+                made.destroy()
+            except Exception:
+                pass
+        self._created = []
+        self._comm = None
+        self._pairs.clear()
+
+    def abort(self) -> None:
+        """``ncclCommAbort`` every communicator of this group (nothing blocks)."""
+        self._closed = True
+        self.watchdog.close()
+        if self.failure is None:
+            self.failure = DistError("the NCCL communicator was aborted")
+        self._abort_comms()

@@ -1,0 +1,152 @@
+"""Simulated ``cupy.cuda.nccl``: each NCCL call done with MPI on host memory."""
+import ctypes
+import os
+import tempfile
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+available = True
+NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
+(NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64, NCCL_FLOAT16,
+ NCCL_FLOAT32, NCCL_FLOAT64, NCCL_BFLOAT16) = range(10)
+try:
+    import ml_dtypes
+    _BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    _BF16 = np.dtype(np.uint16)
+_DTYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float16,
+           np.float32, np.float64, _BF16]
+_queue = []
+_depth = [0]
+calls = []  # names of the NCCL calls made, for tests
+
+
+def get_version():
+    return 22105
+
+
+def get_unique_id():
+    return os.urandom(128)
+
+
+def groupStart():
+    _depth[0] += 1
+
+
+def groupEnd():
+    _depth[0] -= 1
+    if _depth[0] == 0:
+        ops, _queue[:] = list(_queue), []
+        for op in sorted(ops, key=lambda o: not o[0]):  # sends first (they never block)
+            op[1]()
+
+
+def _view(ptr, count, dtype):
+    dtype = np.dtype(_DTYPES[dtype])
+    if count == 0:
+        return np.empty(0, dtype)
+    raw = (ctypes.c_ubyte * (count * dtype.itemsize)).from_address(ptr)
+    return np.frombuffer(raw, dtype)
+
+
+def _reduce(parts, op, dtype):
+    stack = np.stack(parts)
+    if op == NCCL_SUM:
+        return stack.sum(axis=0, dtype=dtype)
+    if op == NCCL_AVG:
+        return (stack.astype(np.float64).sum(axis=0) / len(parts)).astype(dtype)
+    if op == NCCL_PROD:
+        return np.prod(stack, axis=0, dtype=dtype)
+    return (stack.max if op == NCCL_MAX else stack.min)(axis=0)
+
+
+class NcclCommunicator:
+    def __init__(self, ndev, commId, rank):
+        assert len(commId) == 128
+        world = MPI.COMM_WORLD
+        where = os.path.join(tempfile.gettempdir(), "sim-nccl-" + commId[:12].hex())
+        os.makedirs(where, exist_ok=True)
+        with open(os.path.join(where, f"{rank}.tmp"), "w") as handle:
+            handle.write(str(world.Get_rank()))
+        os.replace(os.path.join(where, f"{rank}.tmp"), os.path.join(where, str(rank)))
+        deadline = time.monotonic() + 60
+        while sum(1 for n in os.listdir(where) if n.isdigit()) < ndev:
+            if time.monotonic() > deadline:
+                raise RuntimeError("simulated ncclCommInitRank: peers did not arrive")
+            time.sleep(0.001)
+        ranks = [int(open(os.path.join(where, str(r))).read()) for r in range(ndev)]
+        group = world.Get_group().Incl(ranks)
+        self.comm = world.Create_group(group, tag=int.from_bytes(commId[:2], "little") & 0x3FFF)
+        group.Free()
+        self.comm.Barrier()
+        if rank == 0:
+            for name in os.listdir(where):
+                os.remove(os.path.join(where, name))
+            os.rmdir(where)
+        self.rank, self.ndev, self.pending = rank, ndev, []
+        self.aborted = False
+
+    def _run(self, name, fn, is_send=False):
+        calls.append(name)
+        if self.aborted:
+            raise RuntimeError("NCCL error: communicator aborted")
+        if _depth[0]:
+            _queue.append((is_send, fn))
+        else:
+            fn()
+
+    def allReduce(self, send, recv, count, dtype, op, stream):
+        def run():
+            mine = _view(send, count, dtype).copy()
+            _view(recv, count, dtype)[...] = _reduce(self.comm.allgather(mine), op, mine.dtype)
+        self._run("allReduce", run)
+
+    def reduce(self, send, recv, count, dtype, op, root, stream):
+        def run():
+            mine = _view(send, count, dtype).copy()
+            parts = self.comm.gather(mine, root=root)
+            if self.rank == root:
+                _view(recv, count, dtype)[...] = _reduce(parts, op, mine.dtype)
+        self._run("reduce", run)
+
+    def broadcast(self, send, recv, count, dtype, root, stream):
+        def run():
+            data = _view(send, count, dtype).copy() if self.rank == root else None
+            _view(recv, count, dtype)[...] = self.comm.bcast(data, root=root)
+        self._run("broadcast", run)
+
+    def reduceScatter(self, send, recv, count, dtype, op, stream):
+        def run():
+            mine = _view(send, count * self.ndev, dtype).copy()
+            full = _reduce(self.comm.allgather(mine), op, mine.dtype)
+            _view(recv, count, dtype)[...] = full[self.rank * count:(self.rank + 1) * count]
+        self._run("reduceScatter", run)
+
+    def allGather(self, send, recv, count, dtype, stream):
+        def run():
+            parts = self.comm.allgather(_view(send, count, dtype).copy())
+            _view(recv, count * self.ndev, dtype)[...] = np.concatenate(parts)
+        self._run("allGather", run)
+
+    def send(self, buf, count, dtype, peer, stream):
+        def run():
+            data = _view(buf, count, dtype).copy()
+            self.pending.append((self.comm.Isend(data, dest=peer), data))
+        self._run("send", run, is_send=True)
+
+    def recv(self, buf, count, dtype, peer, stream):
+        def run():
+            self.comm.Recv(_view(buf, count, dtype), source=peer)
+        self._run("recv", run)
+
+    def check_async_error(self):
+        pass
+
+    def abort(self):
+        self.aborted = True
+
+    def destroy(self):
+        MPI.Request.Waitall([req for req, _ in self.pending])
+        self.comm.Free()
