@@ -8,7 +8,6 @@ challenges every connection and refuses clients that cannot answer.
 """
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import threading
