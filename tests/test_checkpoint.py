@@ -217,9 +217,10 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_progress_bar_only_on_a_terminal():
-    from hpccomm.checkpoint.progress import Progress
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    from hpccomm.checkpoint.progress import ENV, Progress
 
+    monkeypatch.delenv(ENV, raising=False)
     tty = _Terminal()
     bar = Progress(4 << 20, "save", stream=tty)
     bar.update(2 << 20)
@@ -232,6 +233,13 @@ def test_progress_bar_only_on_a_terminal():
         quiet.update(4 << 20)
         quiet.close()
         assert stream.getvalue() == ""
+    # mpiexec pipes rank output: the environment variable forces the bar on (or off)
+    for forced, stream, shown in (("1", io.StringIO(), True), ("0", _Terminal(), False)):
+        monkeypatch.setenv(ENV, forced)
+        bar = Progress(1 << 20, "load", stream=stream)
+        bar.update(1 << 20)
+        bar.close()
+        assert ("load: [" in stream.getvalue()) is shown
 
 
 def test_import_hpccomm_does_not_import_h5py():
@@ -352,6 +360,29 @@ def test_state_mismatches_are_reported(dist, rank, size, tmp_path_factory):
     frozen.flags.writeable = False
     with pytest.raises(checkpoint.CheckpointError, match="read-only"):
         checkpoint.load({"a": frozen}, path)
+    missing_dir = os.path.join(os.path.dirname(path), "no", "such", "dir", "x.h5")
+    with pytest.raises(checkpoint.CheckpointError, match="creating .*rank 0: "):
+        checkpoint.save({"a": np.zeros(2)}, missing_dir)
+    restored = np.zeros((4, 2))
+    checkpoint.load({"a": restored}, path)  # the group is still usable after the errors
+    assert not restored.any()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_disagreeing_on_the_state_fail_together(dist, rank, size, tmp_path_factory):
+    from hpccomm import checkpoint
+
+    path = os.path.join(shared_dir(dist, tmp_path_factory), "d.h5")
+    extra = {"extra": np.zeros(1)} if rank == 1 else {}
+    with pytest.raises(checkpoint.CheckpointError, match="rank 1's state has other entries"):
+        checkpoint.save({"a": np.zeros(3), **extra}, path)
+    shard = np.zeros((2, 3 if rank == 0 else 4))
+    with pytest.raises(checkpoint.CheckpointError, match="entry 'w' differs between rank 0"):
+        checkpoint.save({"w": checkpoint.Shard(shard, axis=0)}, path)
+    replicated = np.full(3, rank, dtype=np.float32 if rank else np.float64)
+    with pytest.raises(checkpoint.CheckpointError, match="dtype"):
+        checkpoint.save({"r": replicated}, path)
+    assert not os.path.exists(path)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -1,26 +1,36 @@
-"""A one-line progress bar for long saves and loads, shown on rank 0 at a terminal only."""
+"""A one-line progress bar for long saves and loads, shown on rank 0 at a terminal only.
+
+``mpiexec`` usually pipes the ranks' output, so rank 0 sees no terminal there:
+``HPCCOMM_CHECKPOINT_PROGRESS=1`` shows the bar anyway, ``=0`` never shows it.
+"""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import IO, Optional
 
 _WIDTH = 30
 _EVERY_S = 0.1
+ENV = "HPCCOMM_CHECKPOINT_PROGRESS"
 
 
 class Progress:
     """Bytes done out of ``total``, redrawn at most every 0.1 s; silent unless ``active``.
 
     ``active`` is true when the caller asks for it (rank 0) and ``stream`` (default
-    ``sys.stdout``) is a terminal, so logs and batch output stay free of bar lines.
+    ``sys.stdout``) is a terminal, so logs and batch output stay free of bar lines;
+    the environment variable ``HPCCOMM_CHECKPOINT_PROGRESS`` (``1``/``0``) overrides the
+    terminal test.
     """
 
     def __init__(self, total: int, label: str, enabled: bool = True,
                  stream: Optional[IO[str]] = None) -> None:
         self.stream = stream if stream is not None else sys.stdout
         isatty = getattr(self.stream, "isatty", None)
-        self.active = bool(enabled and total > 0 and isatty is not None and isatty())
+        forced = os.environ.get(ENV, "").strip()
+        shown = forced == "1" if forced in ("0", "1") else isatty is not None and isatty()
+        self.active = bool(enabled and total > 0 and shown)
         self.total = total
         self.label = label
         self.done = 0

@@ -61,8 +61,9 @@ def _check(path: str, index: Dict[str, Entry], wanted: List[Entry]) -> None:
             raise CheckpointError(f"checkpoint {path!r} has no entry {entry.name!r} (it has "
                                   f"{sorted(index)[:20]})")
         if np.dtype(saved.dtype) != np.dtype(entry.dtype):
-            raise CheckpointError(f"checkpoint {path!r}: entry {entry.name!r} is {np.dtype(saved.dtype)} "
-                                  f"in the file but {np.dtype(entry.dtype)} in the state")
+            raise CheckpointError(f"checkpoint {path!r}: entry {entry.name!r} is "
+                                  f"{np.dtype(saved.dtype)} in the file but "
+                                  f"{np.dtype(entry.dtype)} in the state")
         if saved.shape != entry.shape:
             placement = (f"sharded along axis {entry.axis} with lengths {list(entry.lengths)}"
                          if entry.placement == "shard" else "replicated")
