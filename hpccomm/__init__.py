@@ -25,3 +25,6 @@ from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .types import (Backend, DebugLevel, ReduceOp, RedOpType, _make_nccl_premul_sum,
                     default_pg_timeout, reduce_op)
 from .work import Future, Work
+from . import flight_recorder
+from .debugger import breakpoint
+from .monitored_barrier import monitored_barrier

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import numpy as np
 
 from . import debug as _debug
+from . import desync as _desync
 from ._arrays import _FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistError
 from .group import ProcessGroup
@@ -137,7 +138,13 @@ def count_list(pg: ProcessGroup, op: str, arrays: Sequence[Any], what: str) -> l
 def launch(pg: ProcessGroup, op: str, start: Callable[..., Work], args: tuple, arr: Any,
            async_op: bool, peer: Optional[int] = None, timeout: Optional[float] = None,
            result: Sequence[Any] = ()) -> Optional[Work]:
-    """Start ``start(*args)``, describe the Work, then wait unless ``async_op``."""
+    """Start ``start(*args)``, describe the Work, then wait unless ``async_op``.
+
+    At debug level DETAIL a collective first checks that every rank calls the same one
+    (:mod:`.desync`); at OFF that costs one module-attribute test.
+    """
+    if _debug.detail:
+        _desync.check(pg, op, args, arr, peer, timeout)
     try:
         work = start(*args)
     except DistError:

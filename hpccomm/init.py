@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import platform
+import sys
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -195,11 +197,46 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     except BaseException:
         destroy_process_group()
         raise
+    _never_hang(mpi_size)
     if debug.level >= DebugLevel.INFO:
-        logger.info("hpccomm: rank %d/%d initialized; %s; thread level %d; backends %s; "
-                    "store %s; timeout %.0f s", mpi_rank, mpi_size, mpi.library_version(),
-                    mpi.thread_level(), pg.backend_string(), type(registry.store).__name__,
-                    seconds)
+        logger.info("hpccomm: rank %d/%d initialized on %s; MPI library: %s; thread level "
+                    "%s; backends %s; store %s; timeout %.0f s; debug level %s; flight "
+                    "recorder %s; abort on uncaught exception: %s", mpi_rank, mpi_size,
+                    platform.node(), mpi.library_version(), _THREAD_LEVELS.get(
+                        mpi.thread_level(), mpi.thread_level()), pg.backend_string(),
+                    type(registry.store).__name__, seconds, debug.level.name,
+                    _recorder_state(), _abort_state(mpi_size))
+
+
+_THREAD_LEVELS = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
+                  2: "MPI_THREAD_SERIALIZED", 3: "MPI_THREAD_MULTIPLE"}
+
+
+def _never_hang(mpi_size: int) -> None:
+    """Flight recorder and timeout hooks; abort the job on an uncaught exception."""
+    from . import flight_recorder
+
+    flight_recorder.configure()
+    if mpi_size > 1:
+        try:
+            from . import excepthook
+        except ImportError:
+            return
+        excepthook.install()
+
+
+def _recorder_state() -> str:
+    from . import flight_recorder
+
+    size = flight_recorder.size()
+    return f"last {size} ops" if size else "off"
+
+
+def _abort_state(mpi_size: int) -> str:
+    hook = sys.modules.get("hpccomm.excepthook")
+    if hook is None or mpi_size == 1:
+        return "no (world of one)" if mpi_size == 1 else "no"
+    return "yes" if hook.installed() else f"no ({hook.OPT_OUT_ENV} is set)"
 
 
 def get_default_store() -> Any:

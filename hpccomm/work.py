@@ -25,7 +25,8 @@ from .types import timeout_seconds
 _monotonic = time.monotonic
 _yield = getattr(os, "sched_yield", lambda: None)
 
-#: Called as ``hook(work, waited_seconds)`` when a wait times out (flight recorder).
+#: Called as ``hook(work, waited_seconds)`` when a wait times out (roll call, flight
+#: recorder); a hook may return a sentence that is added to the error message.
 timeout_hooks: List[Callable[["Work", float], None]] = []
 
 _PENDING, _DONE, _FAILED = 0, 1, 2
@@ -144,17 +145,21 @@ class Work:
         return True
 
     def _timed_out(self, waited: float, limit: Optional[float]) -> None:
+        self._state = _FAILED
+        notes = []
+        for hook in list(timeout_hooks):  # roll call (names absent ranks), flight recorder
+            try:
+                note = hook(self, waited)
+            except Exception:  # a failing hook must not hide the timeout
+                note = None
+            if note:
+                notes.append(note)
+        found = " ".join(notes) if notes else "Some rank of the group did not join it."
         error = DistTimeoutError(
             f"{self.describe()} timed out: waited {waited:.3f} s (timeout {limit} s). "
-            f"Some rank of the group did not join this operation; the group is now "
-            f"unusable, call destroy_process_group() or abort the job.")
-        self._state = _FAILED
+            f"{found} The group is now unusable: call destroy_process_group() or abort "
+            f"the job.")
         self._error = error
-        for hook in list(timeout_hooks):
-            try:
-                hook(self, waited)
-            except Exception:  # a failing hook must not hide the timeout
-                pass
         raise error
 
     def is_completed(self) -> bool:

@@ -1,0 +1,173 @@
+"""Desync detection at debug level DETAIL: do all ranks call the same collective?
+
+Before each collective, :func:`check` reduces a small int64 fingerprint
+``[op, dtype, count, shape, root, reduce op]`` over the group with one
+``Iallreduce(MIN)`` of ``[f, -f]`` (so minimum and maximum come in one call). Fields an
+operation lets differ between ranks (``all_gather`` block sizes, ``gather`` inputs) are
+left at 0. If minimum and maximum differ anywhere, every rank all-gathers a fixed-size
+text description of its call and raises :class:`DistDesyncError` with a table of what
+each rank called. Every rank took part in the same check operations and none started the
+real collective, so the group stays usable. The check runs on the group's CPU (MPI)
+communicator under the call's timeout.
+"""
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .errors import DistDesyncError
+from .types import RedOpType
+
+logger = logging.getLogger("hpccomm")
+FIELDS = ("op", "dtype", "count", "shape", "root", "reduce op")
+_MASK = (1 << 62) - 1
+_DESC_BYTES = 192
+_NONE = -1
+
+
+def _count(arr: Any, args: tuple) -> int:
+    return arr.size if arr is not None else 0
+
+
+def _out_count(arr: Any, args: tuple) -> int:
+    return args[1].size
+
+
+def _in_count(arr: Any, args: tuple) -> int:
+    return args[0].size
+
+
+def _no_count(arr: Any, args: tuple) -> int:
+    return 0
+
+
+def _a2a_count(arr: Any, args: tuple) -> int:
+    return arr.size if args[2] is None else 0
+
+
+# op name -> (code, count function, shape must match, index of the reduce kind in args)
+_OPS: Dict[str, tuple] = {
+    "broadcast": (1, _count, True, None),
+    "all_reduce": (2, _count, True, 1),
+    "reduce": (3, _count, True, 1),
+    "all_gather": (4, _out_count, False, None),
+    "all_gather_into_tensor": (5, _out_count, True, None),
+    "gather": (6, _no_count, False, None),
+    "scatter": (7, _no_count, False, None),
+    "reduce_scatter": (8, _in_count, False, 2),
+    "reduce_scatter_tensor": (9, _in_count, True, 2),
+    "all_to_all_single": (10, _a2a_count, False, None),
+    "all_to_all": (11, _no_count, False, None),
+    "barrier": (12, _no_count, False, None),
+    # object collectives: each step is checked by operation and root only
+    "broadcast_object_list": (13, _no_count, False, None),
+    "all_gather_object": (14, _no_count, False, None),
+    "gather_object": (15, _no_count, False, None),
+    "scatter_object_list": (16, _no_count, False, None),
+}
+_DTYPE_CODES: Dict[Any, int] = {}
+
+
+def _dtype_code(dtype: Any) -> int:
+    code = _DTYPE_CODES.get(dtype)
+    if code is None:
+        code = _DTYPE_CODES[dtype] = zlib.crc32(np.dtype(dtype).str.encode()) + 1
+    return code
+
+
+def checked(op: str) -> bool:
+    """Whether ``op`` is a collective that DETAIL checks."""
+    return op in _OPS
+
+
+def _describe(pg: Any, op: str, args: tuple, arr: Any, root: Optional[int],
+              red: Optional[int], seq: int) -> str:
+    shape = "-" if arr is None else str(tuple(arr.shape))
+    dtype = "-" if arr is None else str(arr.dtype)
+    count = "-" if arr is None else str(_OPS[op][1](arr, args))
+    where = "-" if root is None else str(pg.ranks[root])
+    reduce = "-" if red is None else RedOpType(red).name
+    return "|".join((op, dtype, shape, count, where, reduce, str(seq)))
+
+
+def check(pg: Any, op: str, args: tuple, arr: Any, root: Optional[int],
+          timeout: Optional[float]) -> None:
+    """Raise :class:`DistDesyncError` on every rank unless all ranks call the same ``op``."""
+    spec = _OPS.get(op)
+    if spec is None or pg.size() == 1:
+        return
+    code, count_of, shape_matters, red_index = spec
+    red = None if red_index is None else int(args[red_index])
+    fingerprint = np.zeros(12, dtype=np.int64)
+    fingerprint[0] = code
+    if arr is not None:
+        fingerprint[1] = _dtype_code(arr.dtype)
+        fingerprint[2] = count_of(arr, args)
+        if shape_matters:
+            fingerprint[3] = hash(tuple(arr.shape)) & _MASK
+    fingerprint[4] = _NONE if root is None else pg.ranks[root]
+    fingerprint[5] = _NONE if red is None else red
+    fingerprint[6:] = -fingerprint[:6]
+    _run(pg, f"desync check before {op}", pg.cpu.all_reduce,
+         (fingerprint, RedOpType.MIN, None), timeout)
+    low, high = fingerprint[:6], -fingerprint[6:]
+    if logger.isEnabledFor(5):
+        logger.log(5, "hpccomm: rank %d of group '%s': %s (seq %d) agreed on by all ranks",
+                   pg.rank(), pg.group_name, op, pg.seq + 1)
+    if np.array_equal(low, high):
+        return
+    differing = [FIELDS[i] for i in range(6) if low[i] != high[i]]
+    mine = _describe(pg, op, args, arr, root, red, pg.seq + 1)
+    table = _gather_descriptions(pg, mine, timeout)
+    error = DistDesyncError(_message(pg, op, differing, table))
+    _dump(error)
+    raise error
+
+
+def _run(pg: Any, what: str, start: Any, args: tuple, timeout: Optional[float]) -> None:
+    work = start(*args)
+    work.op = what
+    work.group = pg
+    work.seq = pg.seq + 1
+    work.timeout = pg.timeout if timeout is None else timeout
+    work.wait()
+
+
+def _gather_descriptions(pg: Any, mine: str, timeout: Optional[float]) -> List[str]:
+    raw = mine.encode()[:_DESC_BYTES]
+    send = np.zeros(_DESC_BYTES, dtype=np.uint8)
+    send[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    recv = np.zeros(_DESC_BYTES * pg.size(), dtype=np.uint8)
+    _run(pg, "desync report", pg.cpu.all_gather, (send, recv, None), timeout)
+    return [recv[i * _DESC_BYTES:(i + 1) * _DESC_BYTES].tobytes().rstrip(b"\0").decode(
+        errors="replace") for i in range(pg.size())]
+
+
+def format_table(pg: Any, rows: Sequence[str]) -> str:
+    """A fixed-width table: one line per group rank of what it called."""
+    header = ("rank", "global", "op", "dtype", "shape", "count", "root", "reduce op", "seq")
+    lines = [header]
+    for rank, row in enumerate(rows):
+        lines.append((str(rank), str(pg.ranks[rank]), *row.split("|")))
+    widths = [max(len(line[i]) if i < len(line) else 0 for line in lines)
+              for i in range(len(header))]
+    return "\n".join("  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line))
+                     .rstrip() for line in lines)
+
+
+def _message(pg: Any, op: str, differing: List[str], rows: Sequence[str]) -> str:
+    return (f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group '{pg.group_name}': "
+            f"ranks called different collectives (differing: {', '.join(differing)}). "
+            f"No rank started it; the group is still usable.\n{format_table(pg, rows)}")
+
+
+def _dump(error: BaseException) -> None:
+    from . import flight_recorder
+
+    try:
+        flight_recorder.dump_on_error("desync", str(error))
+    except Exception as exc:  # a failing dump must not hide the desync
+        logger.warning("hpccomm: flight recorder dump failed: %s", exc)

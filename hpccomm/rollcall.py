@@ -1,0 +1,105 @@
+"""After a collective times out: ask the group who else is stuck, name who is not.
+
+A timed-out rank cannot learn from MPI which peer never joined. So each rank whose
+collective timed out sends ``[seq, op code, waited ms]`` to every other rank of the group
+(point-to-point, reserved tag, on the same communicator: point-to-point never matches
+the stuck collective) and listens for the others' reports for a short grace period
+(:data:`GRACE_S`, at most the timeout). Ranks that report the same operation are stuck
+with us; ranks that report another one are elsewhere; ranks that never report are not
+inside an hpccomm collective of this group at all: they are the ones named. The result
+is a sentence for the timeout error and :data:`last` for the flight recorder.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from . import p2p
+from .desync import _OPS
+
+#: Reserved tag of roll-call messages (``p2p.INTERNAL_TAG`` + 16).
+TAG = p2p.INTERNAL_TAG + 16
+#: How long a timed-out rank listens for the others' reports.
+GRACE_S = float(os.environ.get("HPCCOMM_ROLLCALL_GRACE", "1.0"))
+_DESYNC_OFFSET = 100
+_NAMES = {code: name for name, (code, *_rest) in _OPS.items()}
+
+#: The latest roll call's result (for the flight recorder dump), or ``None``.
+last: Optional[Dict[str, Any]] = None
+
+
+def _code(op: str) -> int:
+    if op.startswith("desync "):
+        base = _OPS.get(op.rsplit(" ", 1)[-1])
+        return _DESYNC_OFFSET + base[0] if base else -1
+    spec = _OPS.get(op)
+    return spec[0] if spec else -1
+
+
+def _name(code: int) -> str:
+    if code > _DESYNC_OFFSET:
+        return f"desync check before {_NAMES.get(code - _DESYNC_OFFSET, '?')}"
+    return _NAMES.get(code, "an unknown operation")
+
+
+def _short(ranks: List[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def hook(work: Any, waited: float) -> Optional[str]:
+    """Timeout hook: run the roll call for a timed-out collective; a sentence or ``None``."""
+    global last
+    pg = work.group
+    code = _code(work.op)
+    if pg is None or not pg.live or pg.size() == 1 or code < 0:
+        return None
+    me, size, ranks = pg.rank(), pg.size(), pg.ranks
+    report = np.array([work.seq, code, int(waited * 1000)], dtype=np.int64)
+    sends = [pg.cpu.send(report, peer, TAG) for peer in range(size) if peer != me]
+    heard: Dict[int, List[int]] = {}
+    limit = work.timeout if work.timeout is not None else GRACE_S
+    deadline = time.monotonic() + min(GRACE_S, max(limit, 0.05))
+    buf = np.zeros(3, dtype=np.int64)
+    receive = pg.cpu.recv(buf, None, TAG)
+    polls = 0
+    while len(heard) < size - 1 and time.monotonic() < deadline:
+        if receive.is_completed():
+            source = receive._source
+            if 0 <= source < size and source != me:
+                heard[source] = buf.tolist()
+            buf = np.zeros(3, dtype=np.int64)
+            receive = pg.cpu.recv(buf, None, TAG)
+            continue
+        polls += 1
+        if polls > 200:
+            time.sleep(0.001)
+        else:
+            os.sched_yield()
+    for send in sends:  # small messages leave eagerly; do not wait for absent ranks
+        send.is_completed()
+    here = [ranks[r] for r, (seq, other, _) in sorted(heard.items()) if other == code]
+    elsewhere = {ranks[r]: f"{_name(other)} (seq {seq})"
+                 for r, (seq, other, _) in sorted(heard.items()) if other != code}
+    missing = [ranks[r] for r in range(size) if r != me and r not in heard]
+    last = {"group": pg.group_name, "op": work.op, "seq": work.seq, "rank": ranks[me],
+            "stuck_with_me": here, "elsewhere": elsewhere, "missing": missing,
+            "grace_s": GRACE_S}
+    return sentence(last)
+
+
+def sentence(result: Dict[str, Any]) -> str:
+    """The roll call's finding in words (global ranks)."""
+    parts = []
+    if result["missing"]:
+        which = "rank" if len(result["missing"]) == 1 else "ranks"
+        parts.append(f"Global {which} {_short(result['missing'])} never joined: not inside an "
+                     f"hpccomm collective of this group (no roll-call answer within "
+                     f"{result['grace_s']:g} s).")
+    for rank, where in result["elsewhere"].items():
+        parts.append(f"Global rank {rank} is stuck in {where} instead (desync).")
+    if result["stuck_with_me"]:
+        parts.append(f"Also stuck here: global ranks {_short(result['stuck_with_me'])}.")
+    return " ".join(parts)
