@@ -50,7 +50,17 @@ def save(state: Dict[str, Any], path: str, *, group: GroupLike = None) -> None:
     broadcast_object_list(target, group_src=0, group=pg)
     final, tmp, created = target[0]
     if _use_mpio() and pg.size() > 1:
-        _save_mpio(pg, tmp, entries, leaves, writers, created)
+        failure: Optional[BaseException] = None
+        try:
+            _save_mpio(pg, tmp, entries, leaves, writers, created)
+        except Exception as exc:  # parallel HDF5 errors reach every rank of a collective
+            failure = exc
+        try:
+            raise_agreed(pg, failure, f"{what}: writing {tmp!r}")
+        except CheckpointError:
+            if pg.rank() == 0:
+                _remove(tmp)
+            raise
     else:
         _save_pwrite(pg, tmp, entries, leaves, writers, created)
     error: Optional[BaseException] = None
@@ -147,7 +157,7 @@ def _save_mpio(pg: Any, tmp: str, entries: List[Entry], leaves: List[Tuple[str, 
                writers: Dict[str, int], created: float) -> None:
     """Collective writes through parallel HDF5 (h5py built with MPI)."""
     import h5py
-    from h5py import h5fd, h5p, h5s
+    from h5py import h5fd, h5p
 
     total = sum(entry.nbytes for entry in entries)
     for entry, (_, leaf) in zip(entries, leaves):
@@ -159,24 +169,34 @@ def _save_mpio(pg: Any, tmp: str, entries: List[Entry], leaves: List[Tuple[str, 
         dxpl = h5p.create(h5p.DATASET_XFER)
         dxpl.set_dxpl_mpio(h5fd.MPIO_COLLECTIVE)
         for entry, (_, leaf) in zip(entries, leaves):
-            dset = h5file[entry.name]
-            fspace = dset.id.get_space()
             mine = _my_slice(entry, leaf, pg.rank(), writers)
-            if mine is None or mine[0].size == 0:  # still takes part in the collective
-                fspace.select_none()
-                mspace = h5s.create_simple((1,))
-                mspace.select_none()
-                data = np.zeros(1, dtype=entry.dtype)
-            else:
-                data, start = mine
-                if entry.placement == "shard":
-                    origin = [0] * data.ndim
-                    origin[entry.axis] = start
-                    fspace.select_hyperslab(tuple(origin), data.shape)
-                mspace = h5s.create_simple(data.shape) if data.ndim else h5s.create(h5s.SCALAR)
-            dset.id.write(mspace, fspace, data, dxpl=dxpl)
+            write_selection(h5file[entry.name], entry, mine, dxpl)
             progress.update(entry.nbytes)
     progress.close()
+
+
+def write_selection(dset: Any, entry: Entry, mine: Optional[Tuple[np.ndarray, int]],
+                    dxpl: Any = None) -> None:
+    """One rank's ``H5Dwrite`` of its slice ``mine`` (or of nothing) into ``dset``.
+
+    Every rank calls it for every entry, so it can be a collective transfer (``dxpl``).
+    """
+    from h5py import h5s
+
+    fspace = dset.id.get_space()
+    if mine is None or mine[0].size == 0:  # still takes part in the collective
+        fspace.select_none()
+        mspace = h5s.create_simple((1,))
+        mspace.select_none()
+        data = np.zeros(1, dtype=entry.dtype)
+    else:
+        data, start = mine
+        if entry.placement == "shard":
+            origin = [0] * data.ndim
+            origin[entry.axis] = start
+            fspace.select_hyperslab(tuple(origin), data.shape)
+        mspace = h5s.create_simple(data.shape) if data.ndim else h5s.create(h5s.SCALAR)
+    dset.id.write(mspace, fspace, data, dxpl=dxpl)
 
 
 def _remove(path: str) -> None:
