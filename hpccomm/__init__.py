@@ -28,3 +28,15 @@ from .work import Future, Work
 from . import flight_recorder
 from .debugger import breakpoint
 from .monitored_barrier import monitored_barrier
+from .stores import (FileStore, HashStore, PrefixStore, QueueEmptyError, Store, TCPStore)
+
+
+def __getattr__(name: str):
+    """``MPIStore`` and ``device_mesh`` load on first use (they import mpi4py.MPI/NumPy work)."""
+    if name == "MPIStore":
+        from .stores import MPIStore
+        return MPIStore
+    if name == "device_mesh":
+        import importlib
+        return importlib.import_module(".device_mesh", __name__)
+    raise AttributeError(f"module 'hpccomm' has no attribute '{name}'")
