@@ -106,6 +106,7 @@ class DeviceMesh:
         found = np.argwhere(ranks == self._rank)
         self._root_coord = tuple(int(c) for c in found[0]) if len(found) else None
         self._cart: Optional[ProcessGroup] = None
+        self._cart_backend: Optional[str] = None
         self._groups: Dict[Axis, ProcessGroup] = {}
         self._backends: Dict[Axis, Optional[str]] = {
             (d,): _backend_name(spec) for d, spec in enumerate(overrides)}
@@ -153,7 +154,7 @@ class DeviceMesh:
                                             f"{self._ranks.tolist()} failed: {exc}") from exc
         if cart is None:
             return None
-        self._cart_backend = self._group_backend(self._all_axis())
+        self._cart_backend = self._backends.get(self._all_axis())  # None: world's
         return from_communicator(cart, name, backend=self._cart_backend, desc="mesh")
 
     # -- what the mesh is -----------------------------------------------------------------
@@ -298,7 +299,7 @@ class DeviceMesh:
                 raise self._error("get_group", f"the '{label}' group was destroyed")
             return found
         line = self._line(axis)
-        backend = self._group_backend(axis)
+        backend = self._backends.get(axis)  # None: the world's backends
         cart = self._cart
         if cart is not None and axis == tuple(range(self._ranks.ndim)) and (
                 backend == self._cart_backend):
@@ -323,10 +324,6 @@ class DeviceMesh:
                             f"'{label}' group has ranks {list(pg.ranks)}, expected {line}")
         self._groups[axis] = pg
         return pg
-
-    def _group_backend(self, axis: Axis) -> Optional[str]:
-        """The backend override of ``axis`` (``None``: the world's backends)."""
-        return self._backends.get(axis)
 
     def _line(self, axis: Axis) -> List[int]:
         """The global ranks sharing this rank's coordinates off ``axis``, in group order."""

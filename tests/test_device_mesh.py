@@ -381,7 +381,8 @@ def _main_8():
     sub = mesh["dp", "tp"]
     assert sub.mesh.tolist() == full[:, coord[1], :].tolist()
     assert sub.get_coordinate() == (coord[0], coord[2])
-    assert sub["tp"] == mesh["tp"] and mesh["pp"].mesh.tolist() == full[coord[0], :, coord[2]].tolist()
+    assert sub["tp"] == mesh["tp"]
+    assert mesh["pp"].mesh.tolist() == full[coord[0], :, coord[2]].tolist()
     assert counter.total() == 1
     # one Cart_sub per dimension, made on first use, then kept
     used = set()
