@@ -299,6 +299,23 @@ def test_roundtrip_mixed_nested_and_resharded(dist, rank, size, tmp_path_factory
         state = build(rank, size, placement, fill=0)
         checkpoint.load(state, path)
         check(state, rank, size, placement)
+    # a Shard target reads only its own slice's bytes
+    real, counted = os.preadv, []
+
+    def counting(fd, buffers, offset):
+        got = real(fd, buffers, offset)
+        counted.append(got)
+        return got
+
+    os.preadv = counting
+    try:
+        mine = np.zeros((10, 6), dtype=np.float64)[:, uneven(6, size, rank)].copy()
+        checkpoint.load({"model": {"w": checkpoint.Shard(mine, axis=1)}}, path)
+    finally:
+        os.preadv = real
+    assert sum(counted) == mine.nbytes
+    np.testing.assert_array_equal(mine, take(global_array("model/w", (10, 6), np.float64), 1,
+                                             uneven(6, size, rank)))
     # a non-contiguous target is filled in place too
     target = np.zeros((6, 10), dtype=np.float64).T
     checkpoint.load({"model": {"w": target}}, path)
