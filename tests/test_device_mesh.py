@@ -145,6 +145,17 @@ def test_2x2_collectives_and_p2p_on_dim_groups(dist, rank, size, mesh2):
         dist.recv(got, src=peer, group=tp)
         dist.send(np.full(4, float(rank)), dst=peer, group=tp)
     assert (got == peer).all()
+    ops = [dist.P2POp(dist.isend, np.full(2, float(rank)), peer, tp),
+           dist.P2POp(dist.irecv, got[:2], peer, tp)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    assert (got[:2] == peer).all()
+    objects = [None, None]
+    dist.all_gather_object(objects, {"rank": rank}, group=mesh2["dp"])
+    assert objects == [{"rank": r} for r in dp.ranks]
+    part = np.empty(1)
+    dist.reduce_scatter_tensor(part, np.arange(2.0) + rank, group=tp)
+    assert part[0] == sum(tp.ranks) + 2 * tp.rank()
 
 
 @pytest.mark.mpi(min_size=4)
