@@ -86,7 +86,7 @@ def _writers(entries: List[Entry], size: int) -> Dict[str, int]:
     load = [0] * size
     for entry in entries:
         if entry.placement == "shard":
-            itemsize = entry.nbytes // max(1, entry.shape[entry.axis] or 1)
+            itemsize = entry.nbytes // (entry.shape[entry.axis] or 1)
             for rank, length in enumerate(entry.lengths):
                 load[rank] += itemsize * length
     writers = {}
