@@ -1,0 +1,6 @@
+"""``python -m hpccomm``: the same as the ``hpccomm`` command."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,138 @@
+"""Per-rank bootstrap of ``hpccomm run``: torchrun's variables, abort hook, then the script.
+
+``hpccomm run`` starts ``python -m hpccomm._rank_env [-m] TARGET ARGS...`` under the
+launcher. On each rank this module reads the launcher's own variables (hydra's
+``PMI_RANK``/``MPI_LOCALRANKID``, Open MPI's ``OMPI_COMM_WORLD_*``, Slurm's
+``SLURM_PROCID``/``SLURM_LOCALID``...), sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE`` as torchrun would, installs :mod:`hpccomm.excepthook`, and runs the
+target with :mod:`runpy` exactly as ``python script.py`` / ``python -m module`` would.
+It does not initialize MPI, so the script may still set ``mpi4py.rc`` options first.
+"""
+from __future__ import annotations
+
+import os
+import re
+import runpy
+import sys
+from typing import Dict, List, Mapping, Optional, Tuple
+
+# (rank variable, size variable): the innermost launcher first.
+RANK_VARS: List[Tuple[str, str]] = [
+    ("PMI_RANK", "PMI_SIZE"),                            # MPICH hydra, srun --mpi=pmi2
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),    # Open MPI mpirun
+    ("PMIX_RANK", "PMIX_SIZE"),                          # PMIx launchers
+    ("PALS_RANKID", "PALS_SIZE"),                        # HPE/Cray PALS
+    ("SLURM_PROCID", "SLURM_NTASKS"),                    # srun
+]
+# (local rank variable, local size variable)
+LOCAL_VARS: List[Tuple[str, str]] = [
+    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),              # MPICH hydra
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),
+    ("PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE"),
+    ("SLURM_LOCALID", ""),                               # size: SLURM_STEP_TASKS_PER_NODE
+]
+
+
+def _int(env: Mapping[str, str], name: str) -> Optional[int]:
+    value = env.get(name, "").strip() if name else ""
+    return int(value) if value.isdigit() else None
+
+
+def slurm_tasks_on_node(env: Mapping[str, str]) -> Optional[int]:
+    """Tasks of this job step on this node, from ``SLURM_STEP_TASKS_PER_NODE`` ("2(x3),1")."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    node = _int(env, "SLURM_NODEID")
+    if not spec or node is None:
+        return None
+    counts: List[int] = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[node] if node < len(counts) else None
+
+
+def launcher_rank(env: Mapping[str, str]) -> Optional[Tuple[int, int]]:
+    """(rank, world size) as the launcher states them, or ``None`` outside a launcher."""
+    for rank_var, size_var in RANK_VARS:
+        rank, size = _int(env, rank_var), _int(env, size_var)
+        if rank is not None and size is not None:
+            return rank, size
+    return None
+
+
+def launcher_local_rank(env: Mapping[str, str]) -> Optional[Tuple[int, int]]:
+    """(local rank, ranks on this node) as the launcher states them, or ``None``."""
+    for rank_var, size_var in LOCAL_VARS:
+        rank = _int(env, rank_var)
+        if rank is None:
+            continue
+        size = _int(env, size_var) if size_var else slurm_tasks_on_node(env)
+        if size is not None:
+            return rank, size
+    return None
+
+
+def torchrun_env(env: Mapping[str, str]) -> Dict[str, str]:
+    """``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` for this rank.
+
+    Outside any launcher this is a world of one. If the launcher states no local rank,
+    all ranks are assumed on one node (and a warning says so).
+    """
+    rank, size = launcher_rank(env) or (0, 1)
+    local = launcher_local_rank(env)
+    if local is None:
+        if size > 1:
+            sys.stderr.write(f"hpccomm: rank {rank}: the launcher sets no local rank "
+                             f"variable; assuming one node (LOCAL_RANK=RANK)\n")
+        local = (rank, size)
+    return {"RANK": str(rank), "WORLD_SIZE": str(size),
+            "LOCAL_RANK": str(local[0]), "LOCAL_WORLD_SIZE": str(local[1])}
+
+
+def run_target(argv: List[str]) -> None:
+    """Run ``argv`` = ``[script, args...]`` or ``["-m", module, args...]`` as ``__main__``."""
+    if argv and argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("hpccomm._rank_env: -m needs a module name")
+        sys.argv = [argv[1], *argv[2:]]  # sys.path[0] is already the cwd, as for -m
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    if not argv:
+        raise SystemExit("usage: python -m hpccomm._rank_env [-m module | script.py] [args...]")
+    script = argv[0]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as ``python script.py``
+    runpy.run_path(script, run_name="__main__")
+
+
+def _user_traceback(exc: BaseException):
+    """The traceback without this bootstrap's and runpy's own frames."""
+    tb = exc.__traceback__
+    skip = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+    while tb is not None and (tb.tb_frame.f_code.co_filename in skip or os.path.abspath(
+            tb.tb_frame.f_code.co_filename) in skip):
+        tb = tb.tb_next
+    return tb or exc.__traceback__
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Set the variables, install the abort hook, run the target; errors go to the hook."""
+    from . import excepthook
+
+    os.environ.update(torchrun_env(os.environ))
+    excepthook.install()
+    try:
+        run_target(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        trimmed = _user_traceback(exc)
+        sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

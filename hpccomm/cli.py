@@ -1,0 +1,89 @@
+"""The ``hpccomm`` command (also ``python -m hpccomm``): ``run`` and ``info``.
+
+``hpccomm run -n 4 train.py --epochs 3`` starts ``train.py`` on 4 ranks with srun inside
+a Slurm allocation, else with mpiexec; each rank gets torchrun's ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, and an uncaught exception on any
+rank aborts the whole job. The launcher process replaces itself with the launcher
+(``exec``), so signals and the exit status are the launcher's own; it never
+initializes MPI. ``hpccomm info`` prints the environment for bug reports.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import List, Optional
+
+from . import launch
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpccomm", description="torch.distributed's model on MPI: start jobs, report "
+                                    "the environment.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run", help="start a script on N ranks (srun in Slurm, else mpiexec)",
+        description="Start SCRIPT (or -m MODULE) on N ranks with RANK, WORLD_SIZE, "
+                    "LOCAL_RANK, LOCAL_WORLD_SIZE set; an uncaught exception on any rank "
+                    "aborts the job (HPCCOMM_NO_ABORT_ON_EXCEPTION=1 to opt out).")
+    run.add_argument("-n", "--nproc", "-np", dest="nproc", type=int, default=None,
+                     help="number of ranks (under srun: default the allocation's tasks)")
+    run.add_argument("--launcher", choices=launch.LAUNCHERS, default="auto",
+                     help="auto (default): srun inside a Slurm allocation, else mpiexec")
+    run.add_argument("--launcher-args", action="append", default=[], metavar="'ARGS'",
+                     help="extra arguments for the launcher, shell-quoted, e.g. "
+                          "--launcher-args='--cpu-bind=cores' (repeatable)")
+    run.add_argument("-m", dest="module", action="store_true",
+                     help="TARGET is a module name, run as python -m TARGET")
+    run.add_argument("--no-abort-on-exception", action="store_true",
+                     help="let the other ranks continue when one raises")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the launcher command instead of running it")
+    run.add_argument("target", metavar="TARGET", help="script.py, or a module with -m")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for TARGET")
+    info = commands.add_parser("info", help="print versions and environment for a bug report")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.add_argument("--no-mpi", action="store_true",
+                      help="do not initialize MPI (skip the MPI library probe)")
+    return parser
+
+
+def run_command(args: argparse.Namespace) -> List[str]:
+    """The launcher command line for ``hpccomm run`` arguments."""
+    extra = [word for text in args.launcher_args for word in shlex.split(text)]
+    target = (["-m"] if args.module else []) + [args.target, *args.args]
+    return launch.build_command(target, nprocs=args.nproc, launcher=args.launcher,
+                                launcher_args=extra)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``hpccomm`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command == "info":
+        from . import info
+
+        return info.main(as_json=args.json, mpi=not args.no_mpi)
+    try:
+        command = run_command(args)
+    except launch.LaunchError as exc:
+        print(f"hpccomm run: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(shlex.join(command))
+        return 0
+    if args.no_abort_on_exception:
+        os.environ["HPCCOMM_NO_ABORT_ON_EXCEPTION"] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(command[0], command)
+    except OSError as exc:
+        print(f"hpccomm run: cannot start {command[0]}: {exc}", file=sys.stderr)
+        return 127
+    return 0  # not reached: execv replaced this process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

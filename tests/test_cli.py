@@ -1,0 +1,241 @@
+"""The ``hpccomm`` command: ``run`` with a real mpiexec, torchrun variables, abort on
+exception, ``info``; plus the pieces it is built from (launcher choice, bootstrap, hook).
+"""
+import configparser
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpccomm import _rank_env, excepthook, launch
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_SCRIPT = """\
+import os, sys
+names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+print("ENV", *(os.environ[n] for n in names), "mpi-initialized-early" if "mpi4py.MPI" in
+      sys.modules else "mpi-untouched", __name__, *sys.argv, flush=True)
+"""
+
+
+def _env(**extra):
+    """This environment without any launcher or Slurm variable (tests may run under one)."""
+    drop = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_", "HPCCOMM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(extra)
+    return env
+
+
+def hpccomm(*args, env=None, timeout=90, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hpccomm", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env or _env(), cwd=cwd)
+
+
+# -- hpccomm run with mpiexec -------------------------------------------------------------
+def test_run_sets_torchrun_variables_per_rank(tmp_path):
+    script = tmp_path / "show_env.py"
+    script.write_text(ENV_SCRIPT)
+    result = hpccomm("run", "-n", "3", str(script), "--lr", "0.1", "pos")
+    assert result.returncode == 0, result.stderr
+    rows = sorted(line.split()[1:] for line in result.stdout.splitlines()
+                  if line.startswith("ENV "))
+    assert rows == [[str(r), "3", str(r), "3", "mpi-untouched", "__main__", str(script),
+                     "--lr", "0.1", "pos"] for r in range(3)]
+
+
+def test_run_module_target(tmp_path):
+    (tmp_path / "envmod.py").write_text(ENV_SCRIPT)
+    result = hpccomm("run", "-n", "2", "-m", "envmod", "x", cwd=str(tmp_path),
+                     env=_env(PYTHONPATH=str(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    rows = sorted(line.split()[1:5] for line in result.stdout.splitlines()
+                  if line.startswith("ENV "))
+    assert rows == [["0", "2", "0", "2"], ["1", "2", "1", "2"]]
+    assert result.stdout.count(" __main__ ") == 2 and "envmod.py x" in result.stdout
+
+
+def test_run_hpccomm_program(tmp_path):
+    """A real hpccomm program under ``hpccomm run``: init, allreduce, ranks agree with RANK."""
+    result = hpccomm("run", "-n", "2", str(ROOT / "jobscripts" / "hello.py"))
+    assert result.returncode == 0, result.stderr
+    hello = sorted(line for line in result.stdout.splitlines() if line.startswith("hello"))
+    assert len(hello) == 2
+    assert hello[0].startswith("hello from rank 0 of world size 2")
+    assert "(local rank 1 of 2); allreduce sum 1" in hello[1]
+
+
+def test_exception_after_init_aborts_every_rank(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import time\nimport hpccomm as dist\ndist.init_process_group()\n"
+        "if dist.get_rank() == 1:\n    raise ZeroDivisionError('rank one divides by zero')\n"
+        "dist.barrier()\ntime.sleep(60)\nprint('SURVIVED', flush=True)\n")
+    start = time.monotonic()
+    result = hpccomm("run", "-n", "3", str(script), timeout=90)
+    assert time.monotonic() - start < 45, "the other ranks were not aborted"
+    assert result.returncode != 0
+    assert "SURVIVED" not in result.stdout
+    assert "hpccomm: uncaught exception on rank 1 of 3:" in result.stderr
+    assert "ZeroDivisionError: rank one divides by zero" in result.stderr
+    assert f'File "{script}", line 5' in result.stderr
+    assert "_rank_env.py" not in result.stderr  # the bootstrap's frames are trimmed
+
+
+def test_exception_before_mpi_init_ends_the_job(tmp_path):
+    """Before MPI starts, the failing rank ends by a signal, so mpiexec stops the others."""
+    script = tmp_path / "early.py"
+    script.write_text(
+        "import os\nif os.environ['RANK'] == '0':\n    raise RuntimeError('bad config')\n"
+        "import hpccomm as dist\ndist.init_process_group()\ndist.barrier()\n"
+        "print('SURVIVED', flush=True)\n")
+    start = time.monotonic()
+    result = hpccomm("run", "-n", "2", str(script), timeout=90)
+    assert time.monotonic() - start < 45
+    assert result.returncode != 0 and "SURVIVED" not in result.stdout
+    assert "hpccomm: uncaught exception on rank 0:" in result.stderr
+    assert "RuntimeError: bad config" in result.stderr
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_abort_opt_out_lets_other_ranks_finish(tmp_path, how):
+    script = tmp_path / "optout.py"
+    script.write_text(
+        "import os\nif os.environ['RANK'] == '1':\n    raise ValueError('only me')\n"
+        "print('FINISHED', os.environ['RANK'], flush=True)\n")
+    args = ["run", "-n", "2", str(script)]
+    env = _env(HPCCOMM_NO_ABORT_ON_EXCEPTION="1") if how == "env" else _env()
+    if how == "flag":
+        args.insert(1, "--no-abort-on-exception")
+    result = hpccomm(*args, env=env)
+    assert "FINISHED 0" in result.stdout
+    assert "ValueError: only me" in result.stderr
+    assert "aborts the whole job" not in result.stderr
+    assert result.returncode != 0
+
+
+# -- launcher choice and command line (no MPI in the launcher process) ----------------------
+def test_dry_run_builds_mpiexec_command_without_importing_mpi():
+    code = ("import sys\nfrom hpccomm import cli\n"
+            "status = cli.main(['run', '--dry-run', '-n', '4', '--launcher-args', '-ppn 2', "
+            "'train.py', '--epochs', '3'])\n"
+            "print('MPI-IMPORTED' if 'mpi4py.MPI' in sys.modules else 'MPI-NOT-IMPORTED', status)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, env=_env())
+    assert result.returncode == 0, result.stderr
+    command, marker = result.stdout.strip().splitlines()
+    words = command.split()
+    assert os.path.basename(words[0]) in ("mpiexec", "mpirun")
+    assert words[1:5] == ["-n", "4", "-ppn", "2"]
+    assert words[5:] == [sys.executable, "-m", "hpccomm._rank_env", "train.py", "--epochs", "3"]
+    assert marker == "MPI-NOT-IMPORTED 0"
+
+
+def test_auto_picks_srun_inside_an_allocation(tmp_path):
+    fake = tmp_path / "srun"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    env = _env(SLURM_JOB_ID="42", PATH=f"{tmp_path}:{os.environ['PATH']}")
+    assert launch.choose_launcher("auto", env) == "srun"
+    assert launch.choose_launcher("auto", _env()) == "mpiexec"
+    command = launch.build_command(["app.py", "-v"], nprocs=None, env=env,
+                                   launcher_args=["--cpu-bind=cores"])
+    assert command[0] == str(fake) and "--kill-on-bad-exit=1" in command
+    assert "--mpi=pmi2" in command  # the pip mpich wheel is installed here
+    assert "-n" not in command  # srun takes the allocation's task count
+    assert command[-5:] == [sys.executable, "-m", "hpccomm._rank_env", "app.py", "-v"]
+    assert command[command.index("--cpu-bind=cores") + 1] == sys.executable
+    explicit = launch.build_command(["app.py"], nprocs=8, env=env, launcher_args=["--mpi=pmix"])
+    assert "--mpi=pmi2" not in explicit and explicit[explicit.index("-n") + 1] == "8"
+    assert launch.srun_mpi_plugin({"HPCCOMM_SRUN_MPI": "pmix"}) == "pmix"
+    assert launch.srun_mpi_plugin({"HPCCOMM_SRUN_MPI": ""}) is None
+
+
+def test_run_errors_are_reported():
+    no_n = hpccomm("run", "script.py")
+    assert no_n.returncode == 2 and "give the number of processes with -n" in no_n.stderr
+    env = _env(PATH="/nonexistent")
+    no_srun = subprocess.run([sys.executable, "-m", "hpccomm", "run", "--launcher", "srun",
+                              "-n", "2", "x.py"], capture_output=True, text=True, timeout=60,
+                             env=env)
+    assert no_srun.returncode == 2 and "srun is not on PATH" in no_srun.stderr
+    with pytest.raises(launch.LaunchError, match="at least 1"):
+        launch.build_command(["x.py"], nprocs=0, launcher="mpiexec")
+
+
+# -- the per-rank bootstrap -------------------------------------------------------------
+def test_torchrun_env_from_each_launcher(capsys):
+    hydra = {"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}
+    assert _rank_env.torchrun_env(hydra) == {"RANK": "3", "WORLD_SIZE": "8",
+                                             "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    ompi = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "6",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}
+    assert _rank_env.torchrun_env(ompi)["LOCAL_WORLD_SIZE"] == "3"
+    slurm = {"SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0",
+             "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "3(x2),1"}
+    assert _rank_env.torchrun_env(slurm) == {"RANK": "6", "WORLD_SIZE": "7",
+                                             "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    assert _rank_env.slurm_tasks_on_node({"SLURM_TASKS_PER_NODE": "2(x3)",
+                                          "SLURM_NODEID": "1"}) == 2
+    assert _rank_env.torchrun_env({}) == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                                          "LOCAL_WORLD_SIZE": "1"}
+    no_local = _rank_env.torchrun_env({"PMIX_RANK": "1", "PMIX_SIZE": "2"})
+    assert no_local["LOCAL_RANK"] == "1" and "assuming one node" in capsys.readouterr().err
+
+
+def test_excepthook_install_is_idempotent_and_opt_out(monkeypatch):
+    monkeypatch.delenv(excepthook.OPT_OUT_ENV, raising=False)
+    before = sys.excepthook
+    try:
+        assert excepthook.install() and excepthook.install()
+        assert excepthook.installed()
+        excepthook.uninstall()
+        assert sys.excepthook is before and not excepthook.installed()
+        monkeypatch.setenv(excepthook.OPT_OUT_ENV, "1")
+        assert excepthook.install() is False and sys.excepthook is before
+    finally:
+        excepthook.uninstall()
+
+
+# -- hpccomm info ------------------------------------------------------------------------
+def test_info_reports_mpi_and_environment():
+    env = _env(SLURM_JOB_ID="123", SLURM_NTASKS="4", NCCL_DEBUG="INFO")
+    text = hpccomm("info", env=env)
+    assert text.returncode == 0, text.stderr
+    for needle in ("hpccomm:", "version: ", "Python:", "MPI:", "library: MPICH",
+                   "thread level: multiple", "CUDA-aware:", "CuPy / NCCL / GPUs:",
+                   "h5py:", "Slurm variables:", "SLURM_JOB_ID: 123", "NCCL_DEBUG: INFO"):
+        assert needle in text.stdout, (needle, text.stdout)
+    report = json.loads(hpccomm("info", "--json", env=env).stdout)
+    assert report["MPI"]["vendor"].startswith("MPICH")
+    assert report["MPI"]["world"] == "rank 0 of 1"
+    assert report["Slurm variables"]["SLURM_NTASKS"] == "4"
+    assert report["h5py"].get("parallel (MPI) HDF5") in (False, None) or "h5py" in report["h5py"]
+    from hpccomm import __version__
+    assert report["hpccomm"]["version"] == __version__
+
+
+def test_info_without_mpi_does_not_initialize_it():
+    code = ("import sys, io, contextlib\nfrom hpccomm import info\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    info.main(mpi=False)\n"
+            "print('mpi4py.MPI' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, env=_env())
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_console_script_is_declared_and_works():
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    scripts = config["options.entry_points"]["console_scripts"]
+    assert "hpccomm = hpccomm.cli:main" in scripts
+    assert "hpccomm = hpccomm.pytest_plugin" in config["options.entry_points"]["pytest11"]
+    script = Path(sys.executable).with_name("hpccomm")
+    if not script.exists():
+        pytest.skip("hpccomm is not pip-installed in this environment (no console script)")
+    result = subprocess.run([str(script), "run", "--dry-run", "-n", "2", "a.py"],
+                            capture_output=True, text=True, timeout=60, env=_env())
+    assert result.returncode == 0 and "hpccomm._rank_env a.py" in result.stdout

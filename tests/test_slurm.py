@@ -1,0 +1,247 @@
+"""The job scripts and ``hpccomm run`` under a real single-node Slurm.
+
+A module fixture installs Debian's slurm-wlm, munge and libpmix2 if they are missing
+(apt-get), then starts munged, slurmctld and slurmd with a private configuration in a
+temporary directory (free ports, ``MpiDefault=pmi2``, no cgroups and no CPU binding,
+since the node claims 4 CPUs so that 4 ranks fit on a 2-core machine), as root. The CPU job
+script is submitted with ``sbatch`` and polled until done; ``hpccomm run`` is used with
+``srun -n 4`` inside an allocation. Daemons are stopped by PID at teardown. Without
+root, apt or a working Slurm, the tests skip and say why.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm",
+            "munged": "munge"}
+NTASKS = 4
+
+
+def _which(name):
+    return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+
+
+def _pmix_installed():
+    return any(Path(d).glob("libpmix.so*") for d in ("/usr/lib/x86_64-linux-gnu",
+                                                     "/usr/lib/aarch64-linux-gnu", "/usr/lib"))
+
+
+def _install_or_skip():
+    """Install what is missing with apt-get, or skip saying why."""
+    missing = sorted({pkg for tool, pkg in PACKAGES.items() if _which(tool) is None})
+    if not _pmix_installed():
+        missing.append("libpmix2")
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        pytest.skip(f"Slurm test needs {', '.join(missing)} and root to install them")
+    if shutil.which("apt-get") is None:
+        pytest.skip(f"Slurm test needs {', '.join(missing)}; apt-get is not available")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300,
+                       check=True)
+        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+                       env=env, capture_output=True, timeout=600, check=True)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        output = getattr(exc, "stderr", b"") or b""
+        pytest.skip(f"apt-get install {' '.join(missing)} failed: "
+                    f"{output.decode(errors='replace')[-500:]}")
+    still = [tool for tool in PACKAGES if _which(tool) is None]
+    if still:
+        pytest.skip(f"apt-get installed {missing} but {still} are still missing")
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class SlurmCluster:
+    """munged + slurmctld + slurmd on this host, configured under ``base``."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.host = socket.gethostname().split(".")[0]
+        self.procs = []
+        self.conf = base / "slurm.conf"
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        for var in [v for v in self.env if v.startswith("SLURM_") and v != "SLURM_CONF"]:
+            del self.env[var]  # a test run inside a real Slurm job must not leak its job
+
+    def _write_config(self):
+        base = self.base
+        for sub in ("state", "spool", "munge"):
+            (base / sub).mkdir(mode=0o700)
+        key = base / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        cpus = max(NTASKS, os.cpu_count() or 1)
+        self.conf.write_text("\n".join([
+            "ClusterName=hpccommtest",
+            f"SlurmctldHost={self.host}(127.0.0.1)",
+            "SlurmUser=root", "SlurmdUser=root",
+            f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+            "AuthType=auth/munge", "CredType=cred/munge",
+            f"AuthInfo=socket={base}/munge/munge.socket",
+            f"StateSaveLocation={base}/state", f"SlurmdSpoolDir={base}/spool",
+            f"SlurmctldPidFile={base}/slurmctld.pid", f"SlurmdPidFile={base}/slurmd.pid",
+            f"SlurmctldLogFile={base}/slurmctld.log", f"SlurmdLogFile={base}/slurmd.log",
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+            "SwitchType=switch/none", "MpiDefault=pmi2",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+            "SchedulerType=sched/builtin", "ReturnToService=2", "SlurmdParameters=config_overrides",
+            "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0", "KillWait=5",
+            f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
+            "OverSubscribe=YES",
+            ""]))
+
+    def _spawn(self, name, cmd):
+        log = open(self.base / f"{name}.out", "wb")
+        proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def start(self, timeout=60):
+        self._write_config()
+        munge = self.base / "munge"
+        self._spawn("munged", [_which("munged"), "--foreground", "--force",
+                               f"--socket={munge}/munge.socket", f"--key-file={munge}/munge.key",
+                               f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
+                               f"--seed-file={munge}/munged.seed"])
+        self._wait_for(lambda: (munge / "munge.socket").exists(), 15, "munged socket")
+        self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)])
+        self._spawn("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf)])
+        self._wait_for(self._node_idle, timeout, "the node to become idle")
+
+    def _node_idle(self):
+        out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout
+        return out.strip().startswith("idle")
+
+    def _wait_for(self, ready, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [p.args[0] for p in self.procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{dead} exited while waiting for {what}:\n{self.logs()}")
+            if ready():
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"timed out after {timeout} s waiting for {what}:\n{self.logs()}")
+
+    def run(self, cmd, check=True, timeout=120, **kwargs):
+        return subprocess.run(cmd, env=kwargs.pop("env", self.env), capture_output=True,
+                              text=True, timeout=timeout, check=check, **kwargs)
+
+    def logs(self):
+        parts = []
+        for path in sorted(self.base.glob("*.log")) + sorted(self.base.glob("*.out")):
+            parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts)
+
+    def stop(self):
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    if sys.platform != "linux":
+        pytest.skip("the Slurm test runs on Linux only")
+    _install_or_skip()
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except RuntimeError as exc:
+        cluster.stop()
+        pytest.skip(f"Slurm did not start here: {str(exc)[:3000]}")
+    yield cluster
+    cluster.stop()
+
+
+def _wait_job(cluster, job_id, timeout=180):
+    """Poll squeue/scontrol until the job leaves the queue; return its final state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = cluster.run(["scontrol", "-o", "show", "job", job_id], check=False).stdout
+        state = next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
+        if state and state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return state
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} not done after {timeout} s:\n{cluster.logs()}")
+
+
+def test_sbatch_cpu_job_script(slurm, tmp_path):
+    """jobscripts/slurm_cpu.sbatch runs the hello program on 4 ranks with srun --mpi=pmi2."""
+    out = tmp_path / "job.out"
+    env = dict(slurm.env, HPCCOMM_PYTHON=sys.executable, HPCCOMM_CPU_BIND="none",
+               HPCCOMM_PROGRAM=str(ROOT / "jobscripts" / "hello.py"))  # 4 ranks, 2 cores
+    submitted = slurm.run(["sbatch", "--parsable", f"--ntasks={NTASKS}", f"--output={out}",
+                           f"--chdir={ROOT}", str(ROOT / "jobscripts" / "slurm_cpu.sbatch")],
+                          env=env)
+    job_id = submitted.stdout.strip().split(";")[0]
+    assert job_id.isdigit(), submitted
+    state = _wait_job(slurm, job_id)
+    text = out.read_text(errors="replace") if out.exists() else "(no output file)"
+    assert state == "COMPLETED", f"job {job_id} ended {state}:\n{text}\n{slurm.logs()}"
+    lines = [line for line in text.splitlines() if line.startswith("hello from rank")]
+    assert len(lines) == NTASKS, text
+    assert {line.split()[3] for line in lines} == {str(r) for r in range(NTASKS)}, text
+    assert f"world size {NTASKS}" in lines[0] and "allreduce sum 6" in text, text
+    print(text)
+
+
+def test_hpccomm_run_under_srun(slurm, tmp_path):
+    """Inside an allocation, ``hpccomm run -n 4`` picks srun; ranks get torchrun variables."""
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import os\nimport hpccomm as dist\nimport numpy as np\n"
+        "dist.init_process_group()\n"
+        "x = np.array([dist.get_rank()], dtype=np.int64)\ndist.all_reduce(x)\n"
+        "print('rank', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'],"
+        " os.environ['LOCAL_WORLD_SIZE'], dist.get_rank(), int(x[0]), flush=True)\n"
+        "dist.destroy_process_group()\n")
+    cmd = ["salloc", f"--ntasks={NTASKS}", "--", sys.executable, "-m", "hpccomm", "run",
+           "-n", str(NTASKS), str(script)]
+    result = slurm.run(cmd, check=False, timeout=180, cwd=str(tmp_path))
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{slurm.logs()}"
+    rows = sorted(line.split()[1:] for line in result.stdout.splitlines()
+                  if line.startswith("rank "))
+    assert rows == [[str(r), str(NTASKS), str(r), str(NTASKS), str(r), "6"]
+                    for r in range(NTASKS)], result.stdout + result.stderr
+
+
+def test_exception_aborts_srun_job(slurm, tmp_path):
+    """An exception on one rank ends the whole srun step quickly, with its traceback."""
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import time\nimport hpccomm as dist\ndist.init_process_group()\n"
+        "if dist.get_rank() == 2:\n    raise KeyError('rank two fails')\n"
+        "dist.barrier()\ntime.sleep(120)\n")
+    start = time.monotonic()
+    result = slurm.run(["salloc", f"--ntasks={NTASKS}", "--", sys.executable, "-m", "hpccomm",
+                        "run", str(script)], check=False, timeout=150, cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert time.monotonic() - start < 90, "the job was not aborted"
+    assert "uncaught exception on rank 2" in result.stderr
+    assert "KeyError: 'rank two fails'" in result.stderr
