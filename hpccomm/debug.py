@@ -103,6 +103,9 @@ def apply_log_level() -> None:
         logger.warning("hpccomm: %s; ignoring it", exc)
         value = effective_log_level(None, level)
     if value is None:
+        if logger.level == _set_by_us:  # back to OFF: undo what this module set
+            logger.setLevel(logging.NOTSET)
+            _set_by_us = -1
         return
     if env is not None or logger.level in (logging.NOTSET, _set_by_us):
         logger.setLevel(value)

@@ -77,8 +77,10 @@ def configure() -> None:
             wanted = int(value)
         except ValueError:
             raise ValueError(f"{ENV_SIZE}={value!r} is not an integer") from None
+    elif debug.level >= DebugLevel.INFO:
+        wanted = max(DEFAULT_SIZE, size())
     else:
-        wanted = DEFAULT_SIZE if debug.level >= DebugLevel.INFO else 0
+        wanted = size()  # OFF: keep what enable() chose (off unless asked for)
     if wanted != size():
         enable(wanted)
     install_hooks()

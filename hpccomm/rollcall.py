@@ -65,13 +65,15 @@ def hook(work: Any, waited: float) -> Optional[str]:
     buf = np.zeros(3, dtype=np.int64)
     receive = pg.cpu.recv(buf, None, TAG)
     polls = 0
-    while len(heard) < size - 1 and time.monotonic() < deadline:
+    while receive is not None and time.monotonic() < deadline:
         if receive.is_completed():
             source = receive._source
             if 0 <= source < size and source != me:
                 heard[source] = buf.tolist()
-            buf = np.zeros(3, dtype=np.int64)
-            receive = pg.cpu.recv(buf, None, TAG)
+            receive = None
+            if len(heard) < size - 1:  # post another receive only while someone is unheard
+                buf = np.zeros(3, dtype=np.int64)
+                receive = pg.cpu.recv(buf, None, TAG)
             continue
         polls += 1
         if polls > 200:

@@ -52,7 +52,8 @@ def results(output):
 def test_skipped_collective_names_the_rank_and_dumps(tmp_path):
     timeout = 2.0
     code, output, _ = run_case("skip_collective", 3, CASE_TIMEOUT=timeout,
-                               HPCCOMM_TRACE_DIR=tmp_path, HPCCOMM_TRACE_BUFFER=16)
+                               HPCCOMM_TRACE_DIR=tmp_path, HPCCOMM_TRACE_BUFFER=16,
+                               HPCCOMM_ROLLCALL_GRACE=0.5)
     assert code == 0, output
     found = results(output)
     assert sorted(found) == [0, 2], output

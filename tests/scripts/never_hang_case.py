@@ -17,7 +17,10 @@ TIMEOUT = float(os.environ.get("CASE_TIMEOUT", "2"))
 
 
 def say(*parts):
-    print("RESULT", f"rank={dist.get_rank()}", *parts, flush=True)
+    """One ``RESULT`` line, written with one system call so ranks' lines never interleave."""
+    sys.stdout.flush()
+    line = " ".join(["RESULT", f"rank={dist.get_rank()}", *parts]) + "\n"
+    os.write(1, line.encode())
 
 
 def leave(code=0):
