@@ -117,6 +117,30 @@ def test_abort_opt_out_lets_other_ranks_finish(tmp_path, how):
     assert result.returncode != 0
 
 
+# -- job scripts that need no scheduler to try --------------------------------------------
+def test_mpirun_job_script(tmp_path):
+    env = _env(NP="3", HPCCOMM_PYTHON=sys.executable)
+    result = subprocess.run(["bash", str(ROOT / "jobscripts" / "mpirun.sh")], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert sorted(line.split()[3] for line in result.stdout.splitlines()
+                  if line.startswith("hello from rank")) == ["0", "1", "2"]
+    assert "(local rank 2 of 3); allreduce sum 3" in result.stdout
+
+
+def test_pbs_job_script_with_a_node_file(tmp_path):
+    """pbs.sh as PBS would run it: $PBS_NODEFILE lists this host once per rank."""
+    import socket
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text(f"{socket.gethostname()}\n" * 2)
+    env = _env(PBS_NODEFILE=str(nodefile), PBS_O_WORKDIR=str(ROOT),
+               HPCCOMM_PYTHON=sys.executable)
+    result = subprocess.run(["bash", str(ROOT / "jobscripts" / "pbs.sh")], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("of world size 2") == 2 and "allreduce sum 1" in result.stdout
+
+
 # -- launcher choice and command line (no MPI in the launcher process) ----------------------
 def test_dry_run_builds_mpiexec_command_without_importing_mpi():
     code = ("import sys\nfrom hpccomm import cli\n"

@@ -9,6 +9,7 @@ script is submitted with ``sbatch`` and polled until done; ``hpccomm run`` is us
 root, apt or a working Slurm, the tests skip and say why.
 """
 import os
+import random
 import shutil
 import signal
 import socket
@@ -88,6 +89,10 @@ class SlurmCluster:
         cpus = max(NTASKS, os.cpu_count() or 1)
         self.conf.write_text("\n".join([
             "ClusterName=hpccommtest",
+            # Job ids unique across test clusters: MPICH names its shared-memory segments
+            # after the PMI job id ("1.0"), so two clusters' job 1 (at once, or one killed
+            # and leaving segments behind) would share memory and hang or fail MPI_Init.
+            f"FirstJobId={random.randint(1000, 60_000_000)}",
             f"SlurmctldHost={self.host}(127.0.0.1)",
             "SlurmUser=root", "SlurmdUser=root",
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
@@ -152,7 +157,28 @@ class SlurmCluster:
             parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
         return "\n".join(parts)
 
+    def _leftovers(self):
+        """PIDs of processes that run with our SLURM_CONF: steps, tasks, srun, salloc."""
+        marker = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
     def stop(self):
+        """Cancel jobs, stop the daemons, then kill whatever still runs with our config."""
+        if all(proc.poll() is None for proc in self.procs):
+            self.run(["scancel", "--full", "--user", "root"], check=False, timeout=30)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and self.run(
+                    ["squeue", "-h"], check=False, timeout=30).stdout.strip():
+                time.sleep(0.5)
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -162,6 +188,11 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=15)
+        for pid in self._leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +227,7 @@ def test_sbatch_cpu_job_script(slurm, tmp_path):
     out = tmp_path / "job.out"
     env = dict(slurm.env, HPCCOMM_PYTHON=sys.executable, HPCCOMM_CPU_BIND="none",
                HPCCOMM_PROGRAM=str(ROOT / "jobscripts" / "hello.py"))  # 4 ranks, 2 cores
-    submitted = slurm.run(["sbatch", "--parsable", f"--ntasks={NTASKS}", f"--output={out}",
+    submitted = slurm.run(["sbatch", "--parsable", f"--ntasks={NTASKS}", "--time=2", f"--output={out}",
                            f"--chdir={ROOT}", str(ROOT / "jobscripts" / "slurm_cpu.sbatch")],
                           env=env)
     job_id = submitted.stdout.strip().split(";")[0]
@@ -208,7 +239,24 @@ def test_sbatch_cpu_job_script(slurm, tmp_path):
     assert len(lines) == NTASKS, text
     assert {line.split()[3] for line in lines} == {str(r) for r in range(NTASKS)}, text
     assert f"world size {NTASKS}" in lines[0] and "allreduce sum 6" in text, text
-    print(text)
+
+
+def test_sbatch_gpu_job_script_without_gpus(slurm, tmp_path):
+    """jobscripts/slurm_gpu.sbatch's srun line (task layout, binding flags) on a GPU-less node."""
+    out = tmp_path / "gpu.out"
+    env = dict(slurm.env, HPCCOMM_PYTHON=sys.executable,
+               HPCCOMM_PROGRAM=str(ROOT / "jobscripts" / "hello.py"))
+    submitted = slurm.run(["sbatch", "--parsable", "--time=2", "--nodes=1", "--ntasks-per-node=2",
+                           "--gpus-per-node=0", "--cpus-per-task=1", f"--output={out}",
+                           f"--chdir={ROOT}", str(ROOT / "jobscripts" / "slurm_gpu.sbatch")],
+                          env=env)
+    job_id = submitted.stdout.strip().split(";")[0]
+    state = _wait_job(slurm, job_id)
+    text = out.read_text(errors="replace") if out.exists() else "(no output file)"
+    assert state == "COMPLETED", f"job {job_id} ended {state}:\n{text}\n{slurm.logs()}"
+    assert sorted(line.split()[3] for line in text.splitlines()
+                  if line.startswith("hello from rank")) == ["0", "1"], text
+    assert "(local rank 1 of 2)" in text, text
 
 
 def test_hpccomm_run_under_srun(slurm, tmp_path):
@@ -221,7 +269,7 @@ def test_hpccomm_run_under_srun(slurm, tmp_path):
         "print('rank', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'],"
         " os.environ['LOCAL_WORLD_SIZE'], dist.get_rank(), int(x[0]), flush=True)\n"
         "dist.destroy_process_group()\n")
-    cmd = ["salloc", f"--ntasks={NTASKS}", "--", sys.executable, "-m", "hpccomm", "run",
+    cmd = ["salloc", f"--ntasks={NTASKS}", "--time=2", "--", sys.executable, "-m", "hpccomm", "run",
            "-n", str(NTASKS), str(script)]
     result = slurm.run(cmd, check=False, timeout=180, cwd=str(tmp_path))
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{slurm.logs()}"
@@ -239,9 +287,9 @@ def test_exception_aborts_srun_job(slurm, tmp_path):
         "if dist.get_rank() == 2:\n    raise KeyError('rank two fails')\n"
         "dist.barrier()\ntime.sleep(120)\n")
     start = time.monotonic()
-    result = slurm.run(["salloc", f"--ntasks={NTASKS}", "--", sys.executable, "-m", "hpccomm",
+    result = slurm.run(["salloc", f"--ntasks={NTASKS}", "--time=2", "--", sys.executable, "-m", "hpccomm",
                         "run", str(script)], check=False, timeout=150, cwd=str(tmp_path))
     assert result.returncode != 0
     assert time.monotonic() - start < 90, "the job was not aborted"
-    assert "uncaught exception on rank 2" in result.stderr
-    assert "KeyError: 'rank two fails'" in result.stderr
+    assert "uncaught exception on rank 2" in result.stderr, result.stderr
+    assert "KeyError: 'rank two fails'" in result.stderr, result.stderr
