@@ -26,7 +26,7 @@ from .work import Work
 ndarray = np.ndarray
 _monotonic = time.monotonic
 _DETAIL = DebugLevel.DETAIL
-_REDUCIBLE: set = set()  # (kind, dtype) pairs already validated
+_VALIDATED: dict = {}  # (plain op, dtype) -> (kind, None), once validated
 
 #: Called as ``recorder(work)`` for every started operation when set (flight recorder).
 recorder: Optional[Callable[[Work], None]] = None
@@ -40,6 +40,9 @@ def array(pg: ProcessGroup, op: str, x: Any, what: str = "tensor",
     writes into tensors); non-contiguous inputs are copied to a contiguous array.
     """
     if type(x) is ndarray:
+        flags = x.flags
+        if flags.c_contiguous and (flags.writeable or not output) and x.dtype in _FAMILY:
+            return pg.cpu, x  # the common case, fully checked
         arr, comm = x, pg.cpu
     else:
         try:
@@ -93,20 +96,26 @@ def address(arr: Any) -> int:
 
 
 def reduction(pg: ProcessGroup, op_name: str, op: Any, dtype: Any) -> Tuple[RedOpType, Any]:
-    """``(kind, factor)`` of ``op``, after checking it is defined for ``dtype``."""
+    """``(kind, factor)`` of ``op``, after checking it is defined for ``dtype``.
+
+    Plain ops (``ReduceOp.SUM``...) are validated once per dtype and then found in a cache.
+    """
+    if type(op) is RedOpType:
+        found = _VALIDATED.get((op, dtype))
+        if found is not None:
+            return found
     try:
         kind, factor = split_op(op)
     except TypeError as exc:
         raise pg.error(op_name, str(exc)) from None
-    if (kind, dtype) not in _REDUCIBLE:
-        problem = reduce_problem(kind, dtype)
-        if problem is not None:
-            raise pg.error(op_name, problem)
-        if kind == RedOpType.PREMUL_SUM and factor is None:
-            raise pg.error(op_name, "PREMUL_SUM needs a factor: use "
-                                    "hpccomm._make_nccl_premul_sum(factor)")
-        if kind != RedOpType.PREMUL_SUM:
-            _REDUCIBLE.add((kind, dtype))
+    problem = reduce_problem(kind, dtype)
+    if problem is not None:
+        raise pg.error(op_name, problem)
+    if kind == RedOpType.PREMUL_SUM and factor is None:
+        raise pg.error(op_name, "PREMUL_SUM needs a factor: use "
+                                "hpccomm._make_nccl_premul_sum(factor)")
+    if type(op) is RedOpType:
+        _VALIDATED[(op, dtype)] = (kind, None)
     return kind, factor
 
 
@@ -153,16 +162,16 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Work], args: tuple, a
         from .errors import DistBackendError
         raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
                                f"'{pg.group_name}' failed to start: {exc}") from exc
-    pg.seq += 1
-    work.seq = pg.seq
+    seq = pg.seq = pg.seq + 1
+    work.seq = seq
     work.group = pg
     work.op = op
-    if arr is not None:
-        work.shape = arr.shape
-        work.dtype = arr.dtype
-    work.peer = peer
+    work.arr = arr
+    if peer is not None:
+        work.peer = peer
     work.timeout = pg.timeout if timeout is None else timeout
-    work._result = result
+    if result:
+        work._result = result
     if recorder is not None:
         work.t_start = _monotonic()
         recorder(work)

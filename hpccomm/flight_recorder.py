@@ -55,12 +55,14 @@ def enable(size: int) -> None:
         return
     _ring, _counter = [None] * int(size), itertools.count()
     _call.recorder = _make_recorder(_ring, _counter)
+    Work.timed = True  # completions now record their end time
 
 
 def disable() -> None:
     """Stop recording and forget the recorded operations."""
     global _ring, _counter
     _call.recorder = None
+    Work.timed = False
     _ring, _counter = [], itertools.count()
 
 

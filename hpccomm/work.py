@@ -37,6 +37,12 @@ def _no_test() -> bool:
     return True
 
 
+# Defaults of the slots that are set only when needed (see Work.__getattr__).
+_DEFAULTS = {"_error": None, "_result": (), "_source": -1, "group": None, "op": "operation",
+             "seq": -1, "arr": None, "peer": None, "timeout": None, "t_start": 0.0,
+             "t_end": 0.0}
+
+
 class Work:
     """A started operation: ``wait()``, ``is_completed()``, ``get_future()``.
 
@@ -45,34 +51,46 @@ class Work:
     """
 
     __slots__ = ("_test", "_finish", "_keep", "_state", "_error", "_result", "_source",
-                 "_future", "group", "op", "seq", "shape", "dtype", "peer", "timeout",
+                 "_future", "group", "op", "seq", "arr", "peer", "timeout",
                  "t_start", "t_end")
+
+    #: Whether completion records ``t_end`` (turned on by the flight recorder).
+    timed = False
 
     def __init__(self, test: Optional[Callable[[], bool]] = None,
                  finish: Optional[Callable[[], Any]] = None, keep: Any = None):
+        # Only what every wait reads is set here; the public layer stamps group, op, seq,
+        # arr and timeout, and any slot left unset reads its default (``__getattr__``).
         self._test = test or _no_test
         self._finish = finish
         self._keep = keep
         self._state = _PENDING
-        self._error: Optional[BaseException] = None
-        self._result: Sequence[Any] = ()
-        self._source = -1
         self._future: Optional[Future] = None
-        self.group: Any = None
-        self.op = "operation"
-        self.seq = -1
-        self.shape: Any = None
-        self.dtype: Any = None
-        self.peer: Optional[int] = None
-        self.timeout: Optional[float] = None
-        self.t_start = 0.0
-        self.t_end = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return _DEFAULTS[name]
+        except KeyError:
+            raise AttributeError(f"'Work' object has no attribute '{name}'") from None
+
+    @property
+    def shape(self) -> Any:
+        """Shape of the operation's main array (``None`` for a barrier)."""
+        arr = self.arr
+        return None if arr is None else arr.shape
+
+    @property
+    def dtype(self) -> Any:
+        """Dtype of the operation's main array (``None`` for a barrier)."""
+        arr = self.arr
+        return None if arr is None else arr.dtype
 
     # -- completion -------------------------------------------------------------
     def _complete(self) -> None:
         """Run the finishing step once, record the end time, settle the future."""
         self._state = _DONE
-        self.t_end = _monotonic()
+        if Work.timed:
+            self.t_end = _monotonic()
         finish, self._finish = self._finish, None
         try:
             if finish is not None:

@@ -38,6 +38,8 @@ _LOGICAL = {RedOpType.SUM: MPI.LOR, RedOpType.MAX: MPI.LOR, RedOpType.BOR: MPI.L
 # NumPy type code -> MPI's predefined type (float16 only where MPI has one, e.g. MPICH).
 _PREDEFINED: Dict[Any, Any] = {np.dtype(char): MPI._typedict[char]
                                for char in "?bBhHiIlLqQefdFD" if char in MPI._typedict}
+_SUM, _AVG, _PREMUL_SUM = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM  # no enum
+# attribute loads on the hot path (each is a descriptor lookup on Python 3.11)
 _BYTES: Dict[int, Any] = {}  # itemsize -> committed contiguous byte type
 _FLOAT32 = np.dtype(np.float32)
 
@@ -99,7 +101,7 @@ class MPICommunicator(Communicator):
     # -- helpers --------------------------------------------------------------------
     def _post(self, buf: np.ndarray, kind: RedOpType):
         """The in-place step after a sum for AVG (divide by the group size)."""
-        if kind == RedOpType.AVG:
+        if kind is _AVG:
             size = self.size
 
             def average() -> None:
@@ -129,10 +131,10 @@ class MPICommunicator(Communicator):
         plan = _PLANS.get((buf.dtype, kind)) or _plan(buf.dtype, kind)
         mpitype, op, stage = plan
         if stage is None:
-            if kind == RedOpType.PREMUL_SUM:
+            if kind is _PREMUL_SUM:
                 _premultiply(buf, factor, out=buf)
             req = self.comm.Iallreduce(IN_PLACE, [buf, mpitype], op)
-            if kind is RedOpType.SUM:
+            if kind is _SUM:
                 return Work(req.Test)
             return Work(req.Test, self._post(buf, kind))
         tmp = buf.astype(stage)
