@@ -68,7 +68,9 @@ def bind_at_init(world_comm: Any, device_id: Any) -> None:
     """Record what decides this rank's GPU (called once by ``init_process_group``).
 
     Does nothing (and no communication) when CuPy is not installed and no
-    ``device_id`` was given, so CPU-only jobs are unaffected.
+    ``device_id`` was given, so CPU-only jobs are unaffected. Otherwise the device is
+    resolved and made CuPy's current device here (importing CuPy), so arrays created
+    after ``init_process_group`` are on the bound GPU.
     """
     if device_id is not None:
         index = getattr(device_id, "index", device_id)
@@ -76,18 +78,21 @@ def bind_at_init(world_comm: Any, device_id: Any) -> None:
             raise DistError(f"init_process_group: device_id {device_id!r} must be a "
                             f"non-negative device index")
         binding.device_id = index
-        binding.device = None
+    elif not cupy_installed():
         return
-    if not cupy_installed():
-        return
-    local_rank, local_size = local_rank_from_env()
-    if local_rank is None:
-        from .mpi import node_local
+    else:
+        local_rank, local_size = local_rank_from_env()
+        if local_rank is None:
+            from .mpi import node_local
 
-        local_rank, local_size = node_local(world_comm)
-    binding.device_id = None
-    binding.local_rank, binding.local_size = local_rank, local_size
+            local_rank, local_size = node_local(world_comm)
+        binding.device_id = None
+        binding.local_rank, binding.local_size = local_rank, local_size
     binding.device = None
+    try:  # make the device current now, so arrays made after init live on it
+        bound_device()
+    except Exception:  # no CuPy or no visible GPU: the NCCL backend reports it when used
+        binding.device = None
 
 
 def local_rank_from_env() -> Tuple[Optional[int], Optional[int]]:

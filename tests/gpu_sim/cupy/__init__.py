@@ -4,6 +4,7 @@ import numpy as _np
 from . import cuda  # noqa: F401
 
 SIMULATED = True
+__version__ = "0.0-simulated"
 int8, uint8, int16, uint16 = _np.int8, _np.uint8, _np.int16, _np.uint16
 int32, uint32, int64, uint64 = _np.int32, _np.uint32, _np.int64, _np.uint64
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
@@ -24,7 +25,8 @@ class _Data:
 
 
 class _Dev:
-    id = 0
+    def __init__(self, index):
+        self.id = index
 
 
 class ndarray:
@@ -32,6 +34,7 @@ class ndarray:
 
     def __init__(self, a):
         self._a = a
+        self.device = _Dev(cuda.current[0])  # the device current when it was made
 
     dtype = property(lambda self: self._a.dtype)
     shape = property(lambda self: self._a.shape)
@@ -40,7 +43,6 @@ class ndarray:
     nbytes = property(lambda self: self._a.nbytes)
     flags = property(lambda self: self._a.flags)
     data = property(lambda self: _Data(self._a))
-    device = _Dev()
 
     def reshape(self, *shape):
         return ndarray(self._a.reshape(*shape))
@@ -56,6 +58,9 @@ class ndarray:
 
     def any(self):
         return self._a.any()
+
+    def all(self):
+        return self._a.all()
 
     def get(self, stream=None, out=None):
         if out is None:
@@ -112,6 +117,10 @@ def empty(shape, dtype=float):
 
 def zeros(shape, dtype=float):
     return ndarray(_np.zeros(shape, dtype))
+
+
+def ones(shape, dtype=float):
+    return ndarray(_np.ones(shape, dtype))
 
 
 def asarray(x, dtype=None):

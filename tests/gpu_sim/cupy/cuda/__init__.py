@@ -4,6 +4,7 @@ import os
 import types
 
 _stack = []
+current = [0]  # the current device
 
 
 class Stream:
@@ -55,7 +56,7 @@ class Device:
         self.id = index
 
     def use(self):
-        pass
+        current[0] = self.id
 
     def __enter__(self):
         return self
@@ -70,7 +71,8 @@ def _memcpy(dst, src, nbytes, kind, stream):
 
 runtime = types.SimpleNamespace(
     getDeviceCount=lambda: int(os.environ.get("SIM_CUPY_DEVICES", "1")),
-    memcpyAsync=_memcpy)
+    memcpyAsync=_memcpy, getDevice=lambda: 0, runtimeGetVersion=lambda: 0,
+    driverGetVersion=lambda: 0, getDeviceProperties=lambda i: {"name": b"simulated"})
 
 
 def alloc_pinned_memory(nbytes):
