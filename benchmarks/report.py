@@ -190,6 +190,36 @@ def headline(data):
     return table(["ranks", "measure"] + [LABELS[v] for v in VARIANTS], body)
 
 
+def stats_table(data):
+    """Distribution of the ratios per rank count, and the machine load during the run."""
+    import statistics as st
+    body = []
+    for n, (rcs, meta) in sorted(data.items()):
+        if not rcs:
+            continue
+        load = [r["loadavg"] for r in rcs if isinstance(r.get("loadavg"), (int, float))]
+        g = [r["gloo_over_hpccomm_time"] for r in rcs]
+        behind = [f"{r['op']} {size_str(r['bytes'])}" for r in rcs
+                  if r["gloo_over_hpccomm_time"] < 1]
+
+        def dist(rows):
+            x = [r["hpccomm_over_mpi4py_bw"] for r in rows]
+            if not x:
+                return "-"
+            return (f"median {st.median(x):.2f}, range {min(x):.2f}-{max(x):.2f}, "
+                    f"≥ 0.97 in {sum(v >= 0.97 for v in x)}/{len(x)}")
+        body.append([n, f"{min(load):.0f}-{max(load):.0f}" if load else "?",
+                     dist([r for r in rcs if r["bytes"] < BIG]),
+                     dist([r for r in rcs if r["bytes"] >= BIG]),
+                     dist([r for r in rcs if r["bytes"] >= 16 * MiB]),
+                     f"median {st.median(g):.1f}x, min {min(g):.2f}x; gloo not slower in "
+                     f"{len(behind)}/{len(g)} cells" + (f" ({', '.join(behind)})" if behind
+                                                         else "")])
+    return table(["ranks", "load average during run", "hpccomm/mpi4py bw < 256 KiB",
+                  "hpccomm/mpi4py bw ≥ 256 KiB", "hpccomm/mpi4py bw ≥ 16 MiB",
+                  "gloo/hpccomm time"], body)
+
+
 def objects_table():
     body = []
     for path in sorted(glob.glob(os.path.join(DOCS, "bench_objects_n*.csv"))):
@@ -323,7 +353,7 @@ Regenerate everything (CSV, plot, the tables below) with one command:
 
 def main():
     data = load()
-    blocks = {"headline": headline(data), "targets": verdicts(data),
+    blocks = {"headline": headline(data), "targets": verdicts(data), "stats": stats_table(data),
               "objects": objects_table(), "init": init_table(), "membw": membw_table(),
               "hotpath": hotpath_table()}
     blocks.update(collectives_tables(data))
@@ -340,7 +370,7 @@ def main():
                   file=sys.stderr)
     with open(md_path, "w") as f:
         f.write(text)
-    for name in ["headline", "targets"] + sorted(k for k in blocks if k.startswith("coll")) + [
+    for name in ["headline", "targets", "stats"] + sorted(k for k in blocks if k.startswith("coll")) + [
             "objects", "init", "membw", "hotpath"]:
         print(f"\n## {name}\n\n{blocks.get(name, '')}")
     print(f"\nwrote {md_path}" + (f" and {png}" if png else ""))

@@ -2,15 +2,18 @@
 # Regenerate every benchmark number, the plot and the tables of docs/performance.md.
 #   benchmarks/run_all.sh            (PYTHON=/path/to/python to choose the interpreter;
 #                                     MPIEXEC defaults to the mpiexec next to it)
-# Takes about 8-10 minutes on the 2-core reference machine.
+# Takes about 10 minutes on the idle 2-core reference machine (much longer under load).
+# Extra arguments (e.g. --budget 0.25) go to benchmarks/collectives.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/tmp/venv/bin/python}
 MPIEXEC=${MPIEXEC:-$(dirname "$PYTHON")/mpiexec}
 mkdir -p docs
 echo "== hot path profile (1 process)"; "$PYTHON" benchmarks/profile_hotpath.py
-echo "== collectives, 2 ranks"; "$MPIEXEC" -n 2 "$PYTHON" benchmarks/collectives.py
-echo "== collectives, 4 ranks"; "$MPIEXEC" -n 4 "$PYTHON" benchmarks/collectives.py
-echo "== init time";            "$PYTHON" benchmarks/init_time.py --driver --sizes 2,4,8,16 --repeats 2 --mpiexec "$MPIEXEC"
+echo "== collectives, 2 ranks"; "$MPIEXEC" -n 2 "$PYTHON" benchmarks/collectives.py "$@"
+echo "== collectives, 4 ranks"; "$MPIEXEC" -n 4 "$PYTHON" benchmarks/collectives.py "$@"
+if [ -z "${SKIP_INIT:-}" ]; then  # SKIP_INIT=1 keeps docs/bench_init.csv (slowest part)
+  echo "== init time";          "$PYTHON" benchmarks/init_time.py --driver --sizes 2,4,8,16 --repeats 3 --mpiexec "$MPIEXEC"
+fi
 echo "== memory bandwidth";     "$PYTHON" benchmarks/membw.py
 echo "== report";               "$PYTHON" benchmarks/report.py
