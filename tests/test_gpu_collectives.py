@@ -34,6 +34,7 @@ def _gpu_skip_reason():
 
 
 GPU_SKIP = _gpu_skip_reason()
+NCCL_AVAILABLE_AT_IMPORT = __import__("hpccomm").is_nccl_available()  # before any simulation
 REAL_CUPY = importlib.util.find_spec("cupy") is not None
 _gpu = [pytest.mark.gpu, pytest.mark.skipif(GPU_SKIP is not None, reason=str(GPU_SKIP))]
 _sim = [pytest.mark.skipif(REAL_CUPY, reason="a real CuPy is installed: the cupy-* cases "
@@ -393,3 +394,57 @@ def test_nccl_recv_needs_a_source(dist, case, rank, size):
         pytest.skip("NCCL-only restriction")
     with pytest.raises(dist.DistError, match="any source"):
         dist.recv(case.arr(np.zeros(1, np.float32)), group=case.group)
+
+
+# -- pure helpers (no device needed) ------------------------------------------------------------
+def test_reduction_plans_cover_what_nccl_lacks():
+    import types
+
+    from hpccomm.backends._nccl_plan import make_plan
+
+    nccl = types.SimpleNamespace(
+        NCCL_SUM=0, NCCL_PROD=1, NCCL_MAX=2, NCCL_MIN=3, NCCL_AVG=4, NCCL_INT8=0,
+        NCCL_UINT8=1, NCCL_INT32=2, NCCL_UINT32=3, NCCL_INT64=4, NCCL_UINT64=5,
+        NCCL_FLOAT16=6, NCCL_FLOAT32=7, NCCL_FLOAT64=8, NCCL_BFLOAT16=9)
+    op = __import__("hpccomm").ReduceOp
+    plan = make_plan(nccl, np.dtype(np.complex64), op.SUM, True)
+    assert (plan.mode, plan.nccl_type, plan.unit) == ("native", 7, np.dtype(np.float32))
+    assert make_plan(nccl, np.dtype(np.complex64), op.PRODUCT, True).mode == "gather"
+    assert make_plan(nccl, np.dtype(np.int32), op.BXOR, True).mode == "gather"
+    assert make_plan(nccl, np.dtype(bool), op.SUM, True).nccl_op == nccl.NCCL_MAX
+    assert make_plan(nccl, np.dtype(bool), op.BAND, True).nccl_op == nccl.NCCL_MIN
+    staged = make_plan(nccl, np.dtype(np.int16), op.SUM, True)
+    assert staged.mode == "stage" and staged.stage == np.dtype(np.int32)
+    assert make_plan(nccl, np.dtype(np.float32), op.AVG, True)[2:] == (4, np.dtype("f4"), None,
+                                                                        False)
+    old = make_plan(nccl, np.dtype(np.float32), op.AVG, False)  # NCCL < 2.10: sum, divide
+    assert old.nccl_op == nccl.NCCL_SUM and old.divide
+
+
+def test_bfloat16_bit_conversions_round_to_nearest_even():
+    from hpccomm.backends import _cuda
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    values = np.array([1.0, -2.5, 3.14159, 1e-3, 65504.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8],
+                      np.float32)
+    bits = _cuda.float32_to_bf16_bits(np, values)
+    np.testing.assert_array_equal(bits, values.astype(ml_dtypes.bfloat16).view(np.uint16))
+    back = _cuda.bf16_bits_to_float32(np, bits)
+    np.testing.assert_array_equal(back, values.astype(ml_dtypes.bfloat16).astype(np.float32))
+    assert _cuda.float32_to_bf16_bits(np, np.array([np.nan], np.float32))[0] == 0x7FC0
+
+
+def test_device_choice_is_fixed_by_device_id_or_local_rank():
+    from hpccomm.backends import _cuda
+
+    assert _cuda.choose_device(None, 5, 4) == 1
+    assert _cuda.choose_device(2, 0, 4) == 2
+    with pytest.raises(Exception, match="out of range"):
+        _cuda.choose_device(4, 0, 4)
+    with pytest.raises(Exception, match="no CUDA device"):
+        _cuda.choose_device(None, 0, 0)
+
+
+def test_nccl_available_matches_the_machine():
+    """True only with CuPy, a visible device and NCCL; False here without them."""
+    assert NCCL_AVAILABLE_AT_IMPORT is (GPU_SKIP is None)
