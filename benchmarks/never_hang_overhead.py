@@ -1,13 +1,13 @@
 """Cost of the never-hang features on ``all_reduce`` (8 B and 1 MiB), 2 ranks.
 
-``python benchmarks/never_hang_overhead.py [--before DIR] [--runs 3]`` runs itself under
+``python benchmarks/never_hang_overhead.py [--runs 3]`` runs itself under
 ``mpiexec -n 2`` and prints a Markdown table. Inside one run (``--worker``) four variants
 are interleaved round by round, in a rotating order, so that a busy machine slows them
 alike:
 
-* ``before``: ``_call.launch`` as it was before these features, compiled from the copy
-  of the old package in ``DIR/hpccomm/_call.py`` into the live module (the only hot-path
-  function these features changed; ``Work.wait`` changed only on its timeout path);
+* ``before``: ``_call.launch`` without the ``if _debug.detail:`` test these features
+  added (the only hot-path change; ``Work.wait`` changed only on its timeout path),
+  compiled from the current source into the live module;
 * ``OFF``: the current code at debug level OFF, flight recorder off (the default);
 * ``recorder``: OFF with a 2000-entry flight recorder;
 * ``DETAIL``: the desync check before each collective.
@@ -30,21 +30,28 @@ ROOT = os.path.dirname(HERE)
 SIZES = {"8 B": 1, "1 MiB": 131072}  # float64 elements
 
 
-def old_launch(before: str):
-    """The pre-feature ``launch``, compiled into the live ``hpccomm._call`` module."""
+def old_launch():
+    """``_call.launch`` without the DETAIL test, compiled into the live ``_call`` module.
+
+    Built from the current source (so other engineers' hot-path work is in both
+    variants): the ``if _debug.detail:`` statement these features added is removed.
+    """
     import ast
+    import inspect
 
     from hpccomm import _call
 
-    with open(os.path.join(before, "hpccomm", "_call.py")) as handle:
-        tree = ast.parse(handle.read())
+    tree = ast.parse(inspect.getsource(_call))
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "launch")
-    node.name = "_launch_before"
-    exec(compile(ast.Module([node], []), "before/_call.py", "exec"), _call.__dict__)
+    kept = [stmt for stmt in node.body if not (
+        isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "_debug.detail")]
+    assert len(kept) == len(node.body) - 1, "the DETAIL test was not found in launch"
+    node.body, node.name = kept, "_launch_before"
+    exec(compile(ast.Module([node], []), "launch-before", "exec"), _call.__dict__)
     return _call._launch_before
 
 
-def worker(rounds: int, inner: int, before: str) -> None:
+def worker(rounds: int, inner: int) -> None:
     import numpy as np
 
     import hpccomm as dist
@@ -52,7 +59,7 @@ def worker(rounds: int, inner: int, before: str) -> None:
 
     dist.init_process_group(timeout=60)
     variants = ["before", "OFF", "recorder", "DETAIL"]
-    launches = {"before": old_launch(before), "now": _call.launch}
+    launches = {"before": old_launch(), "now": _call.launch}
 
     def setup(variant: str) -> None:
         _call.launch = launches["before" if variant == "before" else "now"]
@@ -79,19 +86,21 @@ def worker(rounds: int, inner: int, before: str) -> None:
     dist.destroy_process_group()
 
 
-def run(before: str, runs: int, rounds: int, inner: int) -> list:
+def run(runs: int, rounds: int, inner: int) -> list:
     results = []
     env = dict(os.environ)
     for name in ("HPCCOMM_TRACE_BUFFER", "HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG"):
         env.pop(name, None)
     for _ in range(runs):
         cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", "2",
-               sys.executable, os.path.abspath(__file__), "--worker", "--before", before,
+               sys.executable, os.path.abspath(__file__), "--worker",
                "--rounds", str(rounds), "--inner", str(inner)]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
-                             cwd=ROOT).stdout
-        line = next(l for l in out.splitlines() if l.startswith("JSON"))
-        results.append(json.loads(line[4:]))
+                             cwd=ROOT)
+        found = [l for l in out.stdout.splitlines() if l.startswith("JSON")]
+        if not found:
+            raise SystemExit(f"benchmark run failed:\n{out.stdout}\n{out.stderr[-3000:]}")
+        results.append(json.loads(found[0][4:]))
     return results
 
 
@@ -110,15 +119,14 @@ def table(results: list) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--before", default="/tmp/before")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--inner", type=int, default=2000)
     args = parser.parse_args()
     if args.worker:
-        worker(args.rounds, args.inner, args.before)
+        worker(args.rounds, args.inner)
         return
-    results = run(args.before, args.runs, args.rounds, args.inner)
+    results = run(args.runs, args.rounds, args.inner)
     print(table(results))
     print("RAW" + json.dumps(results))
 

@@ -7,7 +7,9 @@ the stuck collective) and listens for the others' reports for a short grace peri
 (:data:`GRACE_S`, at most the timeout). Ranks that report the same operation are stuck
 with us; ranks that report another one are elsewhere; ranks that never report are not
 inside an hpccomm collective of this group at all: they are the ones named. The result
-is a sentence for the timeout error and :data:`last` for the flight recorder.
+is a sentence for the timeout error and :data:`last` for the flight recorder. Groups
+larger than :data:`MAX_RANKS` skip it (the message count grows as the square of the
+size); ``HPCCOMM_ROLLCALL_GRACE=0`` turns it off.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from .desync import _OPS
 TAG = p2p.INTERNAL_TAG + 16
 #: How long a timed-out rank listens for the others' reports.
 GRACE_S = float(os.environ.get("HPCCOMM_ROLLCALL_GRACE", "1.0"))
+#: Largest group that runs a roll call: every stuck rank messages every other rank, so
+#: the message count grows as the square of the group size.
+MAX_RANKS = int(os.environ.get("HPCCOMM_ROLLCALL_MAX_RANKS", "256"))
 _DESYNC_OFFSET = 100
 _NAMES = {code: name for name, (code, *_rest) in _OPS.items()}
 
@@ -57,6 +62,10 @@ def hook(work: Any, waited: float) -> Optional[str]:
     if pg is None or not pg.live or pg.size() == 1 or code < 0:
         return None
     me, size, ranks = pg.rank(), pg.size(), pg.ranks
+    if size > MAX_RANKS or GRACE_S <= 0:
+        return (f"(No roll call: the group has {size} ranks, more than "
+                f"HPCCOMM_ROLLCALL_MAX_RANKS={MAX_RANKS}; see the flight recorder dumps.)"
+                if size > MAX_RANKS else None)
     report = np.array([work.seq, code, int(waited * 1000)], dtype=np.int64)
     sends = [pg.cpu.send(report, peer, TAG) for peer in range(size) if peer != me]
     heard: Dict[int, List[int]] = {}
