@@ -1,8 +1,8 @@
 """pytest plugin for testing hpccomm programs under pytest-mpi (``mpiexec -n N pytest``).
 
 Registered through the ``pytest11`` entry point, so it is active wherever hpccomm is
-installed. Loading it imports nothing but pytest; hpccomm (and MPI) are imported only
-when a test asks for one of its fixtures.
+installed. Loading it never initializes MPI (importing the ``hpccomm`` package does not);
+the default group is made only when a test asks for one of the fixtures.
 
 Fixtures (distinct from pytest-mpi's ``mpi_tmp_path`` and from any project's own):
 
