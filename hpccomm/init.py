@@ -199,11 +199,12 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         raise
     _never_hang(mpi_size)
     if debug.level >= DebugLevel.INFO:
+        library = " ".join(mpi.library_version().split())
+        threads = _THREAD_LEVELS.get(mpi.thread_level(), mpi.thread_level())
         logger.info("hpccomm: rank %d/%d initialized on %s; MPI library: %s; thread level "
                     "%s; backends %s; store %s; timeout %.0f s; debug level %s; flight "
                     "recorder %s; abort on uncaught exception: %s", mpi_rank, mpi_size,
-                    platform.node(), mpi.library_version(), _THREAD_LEVELS.get(
-                        mpi.thread_level(), mpi.thread_level()), pg.backend_string(),
+                    platform.node(), library, threads, pg.backend_string(),
                     type(registry.store).__name__, seconds, debug.level.name,
                     _recorder_state(), _abort_state(mpi_size))
 
