@@ -7,6 +7,7 @@ the sum of all ranks, which must be N*(N-1)/2. Run it with any launcher:
 """
 import os
 import socket
+import sys
 
 import numpy as np
 
@@ -19,8 +20,10 @@ def main() -> None:
     total = np.array([rank], dtype=np.int64)
     dist.all_reduce(total)  # SUM over all ranks
     local = os.environ.get("LOCAL_RANK", "?"), os.environ.get("LOCAL_WORLD_SIZE", "?")
-    print(f"hello from rank {rank} of world size {size} on {socket.gethostname()} "
-          f"(local rank {local[0]} of {local[1]}); allreduce sum {int(total[0])}", flush=True)
+    # One write per line, so that lines of different ranks never interleave.
+    sys.stdout.write(f"hello from rank {rank} of world size {size} on {socket.gethostname()} "
+                     f"(local rank {local[0]} of {local[1]}); allreduce sum {int(total[0])}\n")
+    sys.stdout.flush()
     assert int(total[0]) == size * (size - 1) // 2, "allreduce gave a wrong sum"
     dist.destroy_process_group()
 

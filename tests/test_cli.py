@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = """\
 import os, sys
 names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-print("ENV", *(os.environ[n] for n in names), "mpi-initialized-early" if "mpi4py.MPI" in
-      sys.modules else "mpi-untouched", __name__, *sys.argv, flush=True)
+words = ["ENV", *(os.environ[n] for n in names), "mpi-initialized-early" if "mpi4py.MPI" in
+         sys.modules else "mpi-untouched", __name__, *sys.argv]
+sys.stdout.write(" ".join(words) + "\\n")  # one write: ranks' lines never interleave
+sys.stdout.flush()
 """
 
 
@@ -146,7 +148,8 @@ def test_dry_run_builds_mpiexec_command_without_importing_mpi():
     code = ("import sys\nfrom hpccomm import cli\n"
             "status = cli.main(['run', '--dry-run', '-n', '4', '--launcher-args', '-ppn 2', "
             "'train.py', '--epochs', '3'])\n"
-            "print('MPI-IMPORTED' if 'mpi4py.MPI' in sys.modules else 'MPI-NOT-IMPORTED', status)\n")
+            "print('MPI-IMPORTED' if 'mpi4py.MPI' in sys.modules else 'MPI-NOT-IMPORTED',"
+            " status)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, env=_env())
     assert result.returncode == 0, result.stderr

@@ -63,7 +63,8 @@ class Installed:
     def step(self, *cmd, timeout=300):
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                 env=_clean_env())
-        assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        assert result.returncode == 0, (f"{cmd} failed:\n{result.stdout[-4000:]}\n"
+                                        f"{result.stderr[-4000:]}")
         return result
 
     def with_module(self, script, timeout=600, cwd="/"):

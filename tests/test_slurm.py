@@ -102,7 +102,8 @@ class SlurmCluster:
             f"SlurmctldPidFile={base}/slurmctld.pid", f"SlurmdPidFile={base}/slurmd.pid",
             f"SlurmctldLogFile={base}/slurmctld.log", f"SlurmdLogFile={base}/slurmd.log",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
             "SwitchType=switch/none", "MpiDefault=pmi2",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
             "SchedulerType=sched/builtin", "ReturnToService=2", "SlurmdParameters=config_overrides",
@@ -227,7 +228,8 @@ def test_sbatch_cpu_job_script(slurm, tmp_path):
     out = tmp_path / "job.out"
     env = dict(slurm.env, HPCCOMM_PYTHON=sys.executable, HPCCOMM_CPU_BIND="none",
                HPCCOMM_PROGRAM=str(ROOT / "jobscripts" / "hello.py"))  # 4 ranks, 2 cores
-    submitted = slurm.run(["sbatch", "--parsable", f"--ntasks={NTASKS}", "--time=2", f"--output={out}",
+    submitted = slurm.run(["sbatch", "--parsable", f"--ntasks={NTASKS}", "--time=2",
+                           f"--output={out}",
                            f"--chdir={ROOT}", str(ROOT / "jobscripts" / "slurm_cpu.sbatch")],
                           env=env)
     job_id = submitted.stdout.strip().split(";")[0]
@@ -266,8 +268,9 @@ def test_hpccomm_run_under_srun(slurm, tmp_path):
         "import os\nimport hpccomm as dist\nimport numpy as np\n"
         "dist.init_process_group()\n"
         "x = np.array([dist.get_rank()], dtype=np.int64)\ndist.all_reduce(x)\n"
-        "print('rank', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'],"
-        " os.environ['LOCAL_WORLD_SIZE'], dist.get_rank(), int(x[0]), flush=True)\n"
+        "import sys\nwords = ['rank', os.environ['RANK'], os.environ['WORLD_SIZE'],"
+        " os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'], dist.get_rank(), int(x[0])]\n"
+        "sys.stdout.write(' '.join(map(str, words)) + '\\n')\nsys.stdout.flush()\n"
         "dist.destroy_process_group()\n")
     cmd = ["salloc", f"--ntasks={NTASKS}", "--time=2", "--", sys.executable, "-m", "hpccomm", "run",
            "-n", str(NTASKS), str(script)]
@@ -287,8 +290,9 @@ def test_exception_aborts_srun_job(slurm, tmp_path):
         "if dist.get_rank() == 2:\n    raise KeyError('rank two fails')\n"
         "dist.barrier()\ntime.sleep(120)\n")
     start = time.monotonic()
-    result = slurm.run(["salloc", f"--ntasks={NTASKS}", "--time=2", "--", sys.executable, "-m", "hpccomm",
-                        "run", str(script)], check=False, timeout=150, cwd=str(tmp_path))
+    result = slurm.run(["salloc", f"--ntasks={NTASKS}", "--time=2", "--", sys.executable,
+                        "-m", "hpccomm", "run", str(script)],
+                       check=False, timeout=150, cwd=str(tmp_path))
     assert result.returncode != 0
     assert time.monotonic() - start < 90, "the job was not aborted"
     assert "uncaught exception on rank 2" in result.stderr, result.stderr
