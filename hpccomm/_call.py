@@ -91,7 +91,7 @@ def same_dtype(pg: ProcessGroup, op: str, expected: Any, arr: Any, what: str) ->
 def address(arr: Any) -> int:
     """Address of the first element (NumPy or CuPy)."""
     if isinstance(arr, ndarray):
-        return arr.__array_interface__["data"][0]
+        return arr.ctypes.data
     return arr.data.ptr
 
 
