@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import rendezvous
 from .errors import DistError, DistValueError
 from .group import ProcessGroup, _mpi, from_communicator, new_group, registry, resolve
 
@@ -309,6 +310,7 @@ class DeviceMesh:
                 raise self._error("get_group", "the mesh's communicator was destroyed "
                                                "(destroy_process_group)")
             remain = [d in axis for d in range(self._ranks.ndim)]
+            rendezvous.meet_all(cart, f"DeviceMesh.get_group('{label}')", None)
             try:
                 comm = _mpi().cart_sub(cart.comm, remain)
             except Exception as exc:

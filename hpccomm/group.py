@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from . import rendezvous
 from .errors import DistBackendError, DistError, DistValueError
 from .types import NON_GROUP_MEMBER, Backend, timeout_seconds
 
@@ -313,6 +314,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None, backen
         return NON_GROUP_MEMBER
     name = registry.unique_name(members)
     tag = (hash(tuple(members)) & 0x3FFF) + 1
+    rendezvous.meet_members(world, members, "new_group", timeout_seconds(timeout))
     try:
         comm = _mpi().create_subcomm(world.comm, members, tag)
     except Exception as exc:
@@ -343,6 +345,7 @@ def split_group(parent_pg: GroupLike = None, split_ranks: Optional[List[List[int
             if rank == parent.ranks[parent.rank()]:
                 color, key = index, position
     names = [registry.unique_name(list(ranks)) for ranks in split_ranks]
+    rendezvous.meet_all(parent, "split_group", timeout_seconds(timeout))
     try:
         comm = _mpi().split(parent.comm, color, key)
     except Exception as exc:

@@ -164,13 +164,17 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     mpi = _mpi()
     world_comm = mpi.world()
     mpi_rank, mpi_size = world_comm.Get_rank(), world_comm.Get_size()
+    seconds = timeout_seconds(timeout, default_pg_timeout.total_seconds())
     problem: Optional[DistValueError] = None
     try:
         check_launch(mpi_rank, mpi_size, rank, world_size)
     except DistValueError as exc:
         problem = exc
-    failing = [r for r, bad in enumerate(mpi.allgather_flags(world_comm, problem is not None))
-               if bad]  # every rank raises, so none is left waiting in the next collective
+    # Every rank learns whether any rank failed, so all raise together and none waits in
+    # the Dup below; the agreement itself is polled under the timeout (a rank that never
+    # calls init_process_group becomes a DistTimeoutError, not a hang).
+    flags = mpi.allgather_flags(world_comm, problem is not None, seconds)
+    failing = [r for r, bad in enumerate(flags) if bad]
     if problem is not None:
         raise problem
     if failing:
@@ -178,7 +182,6 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
                              f"settings (see their errors); rank {mpi_rank} stops too")
     if debug.level == DebugLevel.OFF:
         debug.set_debug_level_from_env()
-    seconds = timeout_seconds(timeout, default_pg_timeout.total_seconds())
     backends = _backend_map(backend, "init_process_group")
     comm = mpi.dup(world_comm)
     pg = ProcessGroup(comm, name=group_name or "WORLD", world_ranks=range(mpi_size),

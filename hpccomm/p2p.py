@@ -11,12 +11,9 @@ from typing import Any, Callable, List, Optional
 
 from . import _call
 from .group import GroupLike, ProcessGroup, registry, resolve
+from .types import INTERNAL_TAG, MAX_USER_TAG  # noqa: F401  (INTERNAL_TAG: used by others)
 from .work import Work
 
-#: Largest tag user code may use; MPI guarantees tags up to at least 32767.
-MAX_USER_TAG = 32767 - 64
-#: First reserved tag (hpccomm's own point-to-point traffic).
-INTERNAL_TAG = MAX_USER_TAG + 1
 
 
 def _group(group: GroupLike, op: str) -> ProcessGroup:

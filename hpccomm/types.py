@@ -12,6 +12,11 @@ import enum
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
+#: Largest tag user code may use; MPI guarantees tags up to at least 32767.
+MAX_USER_TAG = 32767 - 64
+#: First tag reserved for hpccomm's own point-to-point messages (objects, barriers...).
+INTERNAL_TAG = MAX_USER_TAG + 1
+
 #: Default timeout of collectives on CPU groups, as torch's ``default_pg_timeout``.
 default_pg_timeout = datetime.timedelta(minutes=30)
 

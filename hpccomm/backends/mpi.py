@@ -275,9 +275,13 @@ def tag_upper_bound(comm: Any) -> int:
     return int(comm.Get_attr(MPI.TAG_UB))
 
 
-def allgather_flags(comm: Any, flag: bool) -> List[bool]:
-    """Every rank's ``flag`` (a blocking call, for start-up agreement only)."""
-    return [bool(f) for f in comm.allgather(bool(flag))]
+def allgather_flags(comm: Any, flag: bool, timeout: Optional[float]) -> List[bool]:
+    """Every rank's ``flag``, gathered without blocking past ``timeout`` (start-up)."""
+    flags = np.empty(comm.Get_size(), dtype=np.int8)
+    work = Work(comm.Iallgather(np.array([flag], dtype=np.int8), flags).Test)
+    work.op, work.timeout = "init_process_group (ranks agreeing on the launch)", timeout
+    work.wait()
+    return [bool(f) for f in flags]
 
 
 def dup(comm: Any) -> Any:

@@ -1,0 +1,27 @@
+"""One rank skips a group-creation call; the others must raise a timeout, not hang.
+
+Usage: mpiexec -n 3 python group_creation_case.py new_group|split|mesh
+Prints one RESULT line per rank; ranks stay alive a few seconds so the launcher does
+not end the job before every rank has reported.
+"""
+import sys, time, numpy as np, hpccomm as dist
+case = sys.argv[1]
+dist.init_process_group(timeout=2)
+r = dist.get_rank()
+t = time.monotonic()
+try:
+    if case == "new_group":
+        if r != 1:               # rank 1 is a member but never calls new_group
+            dist.new_group([0, 1, 2])
+    elif case == "split":
+        if r != 2:
+            dist.split_group(split_ranks=[[0, 1], [2]])
+    elif case == "mesh":
+        from hpccomm.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (1, 3), mesh_dim_names=("dp", "tp"))
+        if r != 0:
+            mesh.get_group("tp")
+    print(f"RESULT rank {r} no error", flush=True); time.sleep(6)
+except dist.DistTimeoutError as exc:
+    print(f"RESULT rank {r} timeout after {time.monotonic()-t:.1f}s: {str(exc)[:160]}", flush=True)
+time.sleep(4); import os; os._exit(0)
