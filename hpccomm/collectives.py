@@ -142,9 +142,9 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     if out.size != arr.size * pg.size():
         raise pg.error(op, f"output_tensor has {out.size} elements, expected "
                            f"{pg.size()} x {arr.size} (group size x input size)")
-    # In place when the input is this rank's block of the output: only a view can be,
-    # so the (slow) address arithmetic runs only for views.
-    in_place = (arr.base is not None and arr.size and
+    # In place when the input is this rank's block of the output. A NumPy array that owns
+    # its memory cannot be, so the (slow) address arithmetic runs only for views.
+    in_place = (arr.size and (type(arr) is not _call.ndarray or arr.base is not None) and
                 _call.address(arr) == _call.address(out) + pg.rank() * arr.nbytes)
     send = None if in_place else arr
     return _call.launch(pg, op, comm.all_gather, (send, out, None), arr, async_op,
