@@ -4,7 +4,18 @@ Usage: mpiexec -n 3 python group_creation_case.py new_group|split|mesh
 Prints one RESULT line per rank; ranks stay alive a few seconds so the launcher does
 not end the job before every rank has reported.
 """
-import sys, time, numpy as np, hpccomm as dist
+import os
+import sys
+import time
+
+import hpccomm as dist
+
+
+def report(line: str) -> None:
+    """One write per line, so ranks sharing the launcher's pipe never interleave."""
+    os.write(1, (line + "\n").encode())
+
+
 case = sys.argv[1]
 dist.init_process_group(timeout=2)
 r = dist.get_rank()
@@ -21,7 +32,9 @@ try:
         mesh = init_device_mesh("cpu", (1, 3), mesh_dim_names=("dp", "tp"))
         if r != 0:
             mesh.get_group("tp")
-    print(f"RESULT rank {r} no error", flush=True); time.sleep(6)
+    report(f"RESULT rank {r} no error")
+    time.sleep(6)
 except dist.DistTimeoutError as exc:
-    print(f"RESULT rank {r} timeout after {time.monotonic()-t:.1f}s: {str(exc)[:160]}", flush=True)
-time.sleep(4); import os; os._exit(0)
+    report(f"RESULT rank {r} timeout after {time.monotonic()-t:.1f}s: {str(exc)[:160]}")
+time.sleep(4)
+os._exit(0)
