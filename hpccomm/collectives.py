@@ -84,6 +84,15 @@ def _settle(work: Work, keep: Any, async_op: bool) -> Optional[Work]:
     return None
 
 
+def _pair(pg, op: str, output: Any, input: Any, out_name: str, in_name: str):
+    """``(communicator, output array, input array)``: same device, same dtype."""
+    comm, out = _call.array(pg, op, output, out_name)
+    in_comm, arr = _call.array(pg, op, input, in_name, output=False)
+    _call.same_device(pg, op, comm, in_comm, in_name)
+    _call.same_dtype(pg, op, out.dtype, arr, in_name)
+    return comm, out, arr
+
+
 def _scatter_into(staging: Any, outputs: Sequence[Any]):
     """A step that copies consecutive blocks of ``staging`` into ``outputs``."""
     def copy_out() -> None:
@@ -135,10 +144,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     """
     op = "all_gather_into_tensor"
     pg = _group(group, op)
-    comm, out = _call.array(pg, op, output_tensor, "output_tensor")
-    in_comm, arr = _call.array(pg, op, input_tensor, "input_tensor", output=False)
-    _call.same_device(pg, op, comm, in_comm, "input_tensor")
-    _call.same_dtype(pg, op, out.dtype, arr, "input_tensor")
+    comm, out, arr = _pair(pg, op, output_tensor, input_tensor, "output_tensor", "input_tensor")
     if out.size != arr.size * pg.size():
         raise pg.error(op, f"output_tensor has {out.size} elements, expected "
                            f"{pg.size()} x {arr.size} (group size x input size)")
@@ -227,10 +233,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupL
     """Reduce ``input`` over ranks; rank ``i`` gets block ``i`` of the result in ``output``."""
     name = "reduce_scatter_tensor"
     pg = _group(group, name)
-    comm, out = _call.array(pg, name, output, "output")
-    in_comm, arr = _call.array(pg, name, input, "input", output=False)
-    _call.same_device(pg, name, comm, in_comm, "input")
-    _call.same_dtype(pg, name, out.dtype, arr, "input")
+    comm, out, arr = _pair(pg, name, output, input, "output", "input")
     if arr.size != out.size * pg.size():
         raise pg.error(name, f"input has {arr.size} elements, expected {pg.size()} x "
                              f"{out.size} (group size x output size)")
@@ -265,10 +268,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List
     """
     name = "all_to_all_single"
     pg = _group(group, name)
-    comm, out = _call.array(pg, name, output, "output")
-    in_comm, arr = _call.array(pg, name, input, "input", output=False)
-    _call.same_device(pg, name, comm, in_comm, "input")
-    _call.same_dtype(pg, name, out.dtype, arr, "input")
+    comm, out, arr = _pair(pg, name, output, input, "output", "input")
     if output_split_sizes is None and input_split_sizes is None:
         if arr.size != out.size or arr.size % pg.size():
             raise pg.error(name, f"input ({arr.size} elements) and output ({out.size}) must "
