@@ -305,50 +305,43 @@ class NCCLCommunicator(Communicator):
 
     def gather(self, send: Any, recv: Optional[Any], root: int,
                counts: Optional[Sequence[int]]) -> Work:
-        int8 = self.nccl.NCCL_INT8
-        with self._lock:
-            comm = self._full()
-            stream = self._begin(send, recv)
-            if self.rank != root:
-                if send.nbytes:
-                    comm.send(send.data.ptr, send.nbytes, int8, root, stream.ptr)
-                return self._end(send)
-            counts = list(counts) if counts else [send.size] * self.size
-            item = send.dtype.itemsize
-            starts = offsets(counts)
-            self.nccl.groupStart()
-            try:
-                for peer in range(self.size):
-                    if peer != root and counts[peer]:
-                        comm.recv(recv.data.ptr + starts[peer] * item, counts[peer] * item,
-                                  int8, peer, stream.ptr)
-            finally:
-                self.nccl.groupEnd()
-            self._copy(recv.data.ptr + starts[root] * item, send.data.ptr, send.nbytes, stream)
-            return self._end((send, recv))
+        return self._rooted(send, recv, root, counts, to_root=True)
 
     def scatter(self, send: Optional[Any], recv: Any, root: int,
                 counts: Optional[Sequence[int]]) -> Work:
+        return self._rooted(recv, send, root, counts, to_root=False)
+
+    def _rooted(self, local: Any, full: Optional[Any], root: int,
+                counts: Optional[Sequence[int]], to_root: bool) -> Work:
+        """Gather (``to_root``) or scatter: block ``i`` of the root's ``full`` pairs with
+        rank ``i``'s ``local``, moved in one NCCL group of sends/receives at the root."""
         int8 = self.nccl.NCCL_INT8
+        send, recv = (local, full) if to_root else (full, local)
         with self._lock:
             comm = self._full()
             stream = self._begin(send, recv)
             if self.rank != root:
-                if recv.nbytes:
-                    comm.recv(recv.data.ptr, recv.nbytes, int8, root, stream.ptr)
-                return self._end(recv)
-            counts = list(counts) if counts else [recv.size] * self.size
-            item = recv.dtype.itemsize
+                if local.nbytes:
+                    move = comm.send if to_root else comm.recv
+                    move(local.data.ptr, local.nbytes, int8, root, stream.ptr)
+                return self._end(local)
+            counts = list(counts) if counts else [local.size] * self.size
+            item = local.dtype.itemsize
             starts = offsets(counts)
+            move = comm.recv if to_root else comm.send
             self.nccl.groupStart()
             try:
                 for peer in range(self.size):
                     if peer != root and counts[peer]:
-                        comm.send(send.data.ptr + starts[peer] * item, counts[peer] * item,
-                                  int8, peer, stream.ptr)
+                        move(full.data.ptr + starts[peer] * item, counts[peer] * item,
+                             int8, peer, stream.ptr)
             finally:
                 self.nccl.groupEnd()
-            self._copy(recv.data.ptr, send.data.ptr + starts[root] * item, recv.nbytes, stream)
+            mine = full.data.ptr + starts[root] * item
+            if to_root:
+                self._copy(mine, local.data.ptr, local.nbytes, stream)
+            else:
+                self._copy(local.data.ptr, mine, local.nbytes, stream)
             return self._end((send, recv))
 
     def _copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
