@@ -4,8 +4,8 @@
 checks: :func:`array` turns an argument into a contiguous array on a backend of the
 group, :func:`root` resolves ``src``/``dst``/``group_src``/``group_dst``,
 :func:`reduction` validates an op for a dtype, and :func:`launch` starts the backend
-operation, stamps the ``Work`` with what it is (for errors and the flight recorder),
-and waits unless ``async_op``.
+operation and waits for it under the deadline, or hands back a ``Work`` (stamped with
+what it is, for errors and the flight recorder) for ``async_op``.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import numpy as np
 from . import debug as _debug
 from . import desync as _desync
 from ._arrays import _FAMILY, as_array, device_of, dtype_family, reduce_problem
-from .errors import DistError
+from .errors import DistBackendError, DistError
 from .group import ProcessGroup
 from .types import DebugLevel, RedOpType, split_op
-from .work import Work
+from .work import Work, poll
 
 ndarray = np.ndarray
 _monotonic = time.monotonic
@@ -119,9 +119,45 @@ def reduction(pg: ProcessGroup, op_name: str, op: Any, dtype: Any) -> Tuple[RedO
     return kind, factor
 
 
+def pair(pg: ProcessGroup, op: str, output: Any, input: Any, out_name: str, in_name: str
+         ) -> Tuple[Any, Any, Any]:
+    """``(backend communicator, output array, input array)`` on one device with one dtype;
+    two contiguous NumPy arrays of a supported dtype pass with a handful of tests."""
+    if type(output) is ndarray and type(input) is ndarray:
+        flags, dtype = output.flags, output.dtype
+        if (flags.c_contiguous and flags.writeable and input.flags.c_contiguous and
+                input.dtype is dtype and dtype in _FAMILY):
+            return pg.cpu, output, input
+    comm, out = array(pg, op, output, out_name)
+    in_comm, arr = array(pg, op, input, in_name, output=False)
+    same_device(pg, op, comm, in_comm, in_name)
+    same_dtype(pg, op, out.dtype, arr, in_name)
+    return comm, out, arr
+
+
+def reduce_operand(pg: ProcessGroup, op_name: str, x: Any, op: Any, output: bool = True
+                   ) -> Tuple[Any, Any, RedOpType, Any]:
+    """``(backend communicator, array, kind, factor)``: :func:`array` and :func:`reduction`
+    in one call, with the common case (a contiguous NumPy array, a plain op already
+    validated for its dtype) answered by one cache lookup."""
+    if type(x) is ndarray and type(op) is RedOpType:
+        flags = x.flags
+        if flags.c_contiguous and (flags.writeable or not output):
+            found = _VALIDATED.get((op, x.dtype))
+            if found is not None:
+                return pg.cpu, x, found[0], None
+    comm, arr = array(pg, op_name, x, output=output)
+    kind, factor = reduction(pg, op_name, op, arr.dtype)
+    return comm, arr, kind, factor
+
+
 def root(pg: ProcessGroup, op: str, global_rank: Optional[int], group_rank: Optional[int],
          name: str) -> int:
     """The group rank meant by a ``src``/``dst`` pair, exactly one of which is given."""
+    if group_rank is None and type(global_rank) is int:  # the common case
+        found = pg.rank_of.get(global_rank)
+        if found is not None:
+            return found
     if group_rank is not None:
         if global_rank is not None:
             raise pg.error(op, f"give {name} or group_{name}, not both")
@@ -144,25 +180,69 @@ def count_list(pg: ProcessGroup, op: str, arrays: Sequence[Any], what: str) -> l
     return list(arrays)
 
 
-def launch(pg: ProcessGroup, op: str, start: Callable[..., Work], args: tuple, arr: Any,
+def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, arr: Any,
            async_op: bool, peer: Optional[int] = None, timeout: Optional[float] = None,
-           result: Sequence[Any] = ()) -> Optional[Work]:
-    """Start ``start(*args)``, describe the Work, then wait unless ``async_op``.
+           result: Sequence[Any] = (), after: Optional[Callable[[], Any]] = None,
+           keep: Any = None) -> Any:
+    """Start ``start(*args)``; return its Work if ``async_op``, else wait for it.
 
-    At debug level DETAIL a collective first checks that every rank calls the same one
-    (:mod:`.desync`); at OFF that costs one module-attribute test.
+    ``after`` runs once the backend's own finishing step is done (copy results out of a
+    staging buffer); ``keep`` stays alive until completion (the staging buffers).
+    A synchronous call polls the backend's ``test`` under the deadline and builds no
+    :class:`Work` (a Work is made only to describe an error, or for the flight recorder);
+    it returns what the finishing step returned: a receive's source (group rank), else
+    ``None``. At debug level DETAIL a collective first checks that every rank calls the
+    same one (:mod:`.desync`); at OFF that costs one module-attribute test.
     """
     if _debug.detail:
         _desync.check(pg, op, args, arr, peer, timeout)
     try:
-        work = start(*args)
+        started = start(*args)
     except DistError:
         raise
     except Exception as exc:
-        from .errors import DistBackendError
         raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
                                f"'{pg.group_name}' failed to start: {exc}") from exc
     seq = pg.seq = pg.seq + 1
+    if async_op or recorder is not None or type(started) is not tuple:
+        work = _work(started, pg, op, seq, arr, peer, timeout, result, after, keep)
+        if async_op:
+            return work
+        work.wait()
+        return work._value
+    test, finish, _ = started
+    try:
+        if not test():
+            limit = pg.timeout if timeout is None else timeout
+            waited = poll(test, limit)
+            if waited:
+                _work(started, pg, op, seq, arr, peer, timeout, result, after,
+                      keep)._timed_out(waited, limit)
+        value = None if finish is None else finish()
+        if after is not None:
+            after()
+        return value
+    except DistError:
+        raise
+    except BaseException as exc:  # MPI or copy-out failure: described like a Work's
+        work = _work(started, pg, op, seq, arr, peer, timeout, result, after, keep)
+        work._fail(exc)
+        raise work._error from exc  # type: ignore[misc]
+
+
+def _work(started: Any, pg: ProcessGroup, op: str, seq: int, arr: Any, peer: Optional[int],
+          timeout: Optional[float], result: Sequence[Any], after: Optional[Callable[[], Any]],
+          keep: Any) -> Work:
+    """The Work of a started operation, stamped with what it is (errors, recorder)."""
+    if type(started) is tuple:
+        test, finish, held = started
+        work = Work(test, _then(finish, after), held if keep is None else (held, keep))
+    else:  # a backend's own Work (NCCL: completion is ordered on a CUDA stream)
+        work = started
+        if after is not None:
+            work._finish = _then(work._finish, after)
+        if keep is not None:
+            work._keep = (work._keep, keep)
     work.seq = seq
     work.group = pg
     work.op = op
@@ -175,24 +255,22 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Work], args: tuple, a
     if recorder is not None:
         work.t_start = _monotonic()
         recorder(work)
-    if async_op:
-        return work
-    work.wait()
-    return None
-
-
-def then(work: Work, step: Callable[[], Any]) -> Work:
-    """Run ``step`` after ``work``'s own finishing step (copy results out of staging)."""
-    first = work._finish
-    if first is None:
-        work._finish = step
-    else:
-        def both() -> Any:
-            value = first()
-            later = step()
-            return value if later is None else later
-        work._finish = both
     return work
+
+
+def _then(first: Optional[Callable[[], Any]], step: Optional[Callable[[], Any]]
+          ) -> Optional[Callable[[], Any]]:
+    """One finishing step: ``first`` then ``step``, with ``first``'s value."""
+    if step is None:
+        return first
+    if first is None:
+        return step
+
+    def both() -> Any:
+        value = first()
+        step()
+        return value
+    return both
 
 
 def detail_checks_on() -> bool:

@@ -11,25 +11,17 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence
 
 from . import _call
-from .group import GroupLike, registry, resolve
+from .group import GroupLike, resolve
 from .types import ReduceOp, timeout_seconds
 from .work import Work
 
 _SUM = ReduceOp.SUM
 
 
-def _group(group: GroupLike, op: str):
-    if group is None:
-        world = registry.world
-        if world is not None:
-            return world
-    return resolve(group, op)
-
-
 def broadcast(tensor: Any, src: Optional[int] = None, group: GroupLike = None,
               async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group."""
-    pg = _group(group, "broadcast")
+    pg = resolve(group, "broadcast")
     root = _call.root(pg, "broadcast", src, group_src, "src")
     comm, arr = _call.array(pg, "broadcast", tensor)
     return _call.launch(pg, "broadcast", comm.broadcast, (arr, root), arr, async_op, root,
@@ -39,9 +31,8 @@ def broadcast(tensor: Any, src: Optional[int] = None, group: GroupLike = None,
 def all_reduce(tensor: Any, op: Any = _SUM, group: GroupLike = None,
                async_op: bool = False) -> Optional[Work]:
     """Reduce ``tensor`` over the group; every rank gets the result in ``tensor``."""
-    pg = _group(group, "all_reduce")
-    comm, arr = _call.array(pg, "all_reduce", tensor)
-    kind, factor = _call.reduction(pg, "all_reduce", op, arr.dtype)
+    pg = resolve(group, "all_reduce")
+    comm, arr, kind, factor = _call.reduce_operand(pg, "all_reduce", tensor, op)
     return _call.launch(pg, "all_reduce", comm.all_reduce, (arr, kind, factor), arr,
                         async_op, result=(tensor,))
 
@@ -49,10 +40,10 @@ def all_reduce(tensor: Any, op: Any = _SUM, group: GroupLike = None,
 def reduce(tensor: Any, dst: Optional[int] = None, op: Any = _SUM, group: GroupLike = None,
            async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
     """Reduce ``tensor`` over the group into ``tensor`` of rank ``dst`` only."""
-    pg = _group(group, "reduce")
+    pg = resolve(group, "reduce")
     root = _call.root(pg, "reduce", dst, group_dst, "dst")
-    comm, arr = _call.array(pg, "reduce", tensor, output=pg.rank() == root)
-    kind, factor = _call.reduction(pg, "reduce", op, arr.dtype)
+    comm, arr, kind, factor = _call.reduce_operand(pg, "reduce", tensor, op,
+                                                   output=pg.rank() == root)
     return _call.launch(pg, "reduce", comm.reduce, (arr, kind, factor, root), arr,
                         async_op, root, result=(tensor,))
 
@@ -73,24 +64,6 @@ def _array_list(pg, op: str, comm, dtype, tensors: Sequence[Any], what: str,
         _call.same_dtype(pg, op, dtype, arr, f"{what}[{index}]")
         arrays.append(arr)
     return arrays
-
-
-def _settle(work: Work, keep: Any, async_op: bool) -> Optional[Work]:
-    """Keep staging buffers alive with ``work``; wait unless ``async_op``."""
-    work._keep = keep
-    if async_op:
-        return work
-    work.wait()
-    return None
-
-
-def _pair(pg, op: str, output: Any, input: Any, out_name: str, in_name: str):
-    """``(communicator, output array, input array)``: same device, same dtype."""
-    comm, out = _call.array(pg, op, output, out_name)
-    in_comm, arr = _call.array(pg, op, input, in_name, output=False)
-    _call.same_device(pg, op, comm, in_comm, in_name)
-    _call.same_dtype(pg, op, out.dtype, arr, in_name)
-    return comm, out, arr
 
 
 def _scatter_into(staging: Any, outputs: Sequence[Any]):
@@ -116,7 +89,7 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
                async_op: bool = False) -> Optional[Work]:
     """Gather every rank's ``tensor`` into ``tensor_list`` on every rank (sizes may differ)."""
     op = "all_gather"
-    pg = _group(group, op)
+    pg = resolve(group, op)
     comm, arr = _call.array(pg, op, tensor, output=False)
     outputs = _array_list(pg, op, comm, arr.dtype, tensor_list, "tensor_list")
     counts = [out.size for out in outputs]
@@ -124,15 +97,9 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
         raise pg.error(op, f"tensor has {arr.size} elements but tensor_list[{pg.rank()}] "
                            f"has {counts[pg.rank()]}")
     staging = _call.empty(arr, sum(counts))
-    work = _call.launch(pg, op, comm.all_gather, (arr.reshape(-1), staging,
-                        _uneven_counts(counts)), arr, True, result=tuple(tensor_list))
-    return _finish_into(work, staging, outputs, async_op)
-
-
-def _finish_into(work: Work, staging: Any, outputs: Sequence[Any], async_op: bool
-                 ) -> Optional[Work]:
-    _call.then(work, _scatter_into(staging, outputs))
-    return _settle(work, staging, async_op)
+    return _call.launch(pg, op, comm.all_gather, (arr.reshape(-1), staging,
+                        _uneven_counts(counts)), arr, async_op, result=tuple(tensor_list),
+                        after=_scatter_into(staging, outputs), keep=staging)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLike = None,
@@ -143,11 +110,12 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     in place (``MPI_IN_PLACE``) with no extra copy.
     """
     op = "all_gather_into_tensor"
-    pg = _group(group, op)
-    comm, out, arr = _pair(pg, op, output_tensor, input_tensor, "output_tensor", "input_tensor")
-    if out.size != arr.size * pg.size():
+    pg = resolve(group, op)
+    comm, out, arr = _call.pair(pg, op, output_tensor, input_tensor, "output_tensor", "input_tensor")
+    size = pg.size()
+    if out.size != arr.size * size:
         raise pg.error(op, f"output_tensor has {out.size} elements, expected "
-                           f"{pg.size()} x {arr.size} (group size x input size)")
+                           f"{size} x {arr.size} (group size x input size)")
     # In place when the input is this rank's block of the output. A NumPy array that owns
     # its memory cannot be, so the (slow) address arithmetic runs only for views.
     in_place = (arr.size and (type(arr) is not _call.ndarray or arr.base is not None) and
@@ -162,7 +130,7 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
            group_dst: Optional[int] = None) -> Optional[Work]:
     """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst``."""
     op = "gather"
-    pg = _group(group, op)
+    pg = resolve(group, op)
     root = _call.root(pg, op, dst, group_dst, "dst")
     comm, arr = _call.array(pg, op, tensor, output=False)
     if pg.rank() != root:
@@ -178,9 +146,9 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
         raise pg.error(op, f"tensor has {arr.size} elements but gather_list[{root}] has "
                            f"{counts[root]}")
     staging = _call.empty(arr, sum(counts))
-    work = _call.launch(pg, op, comm.gather, (arr.reshape(-1), staging, root, counts), arr,
-                        True, root, result=tuple(gather_list))
-    return _finish_into(work, staging, outputs, async_op)
+    return _call.launch(pg, op, comm.gather, (arr.reshape(-1), staging, root, counts), arr,
+                        async_op, root, result=tuple(gather_list),
+                        after=_scatter_into(staging, outputs), keep=staging)
 
 
 def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None,
@@ -188,7 +156,7 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
             group_src: Optional[int] = None) -> Optional[Work]:
     """Give entry ``i`` of ``scatter_list`` on rank ``src`` to ``tensor`` of group rank ``i``."""
     op = "scatter"
-    pg = _group(group, op)
+    pg = resolve(group, op)
     root = _call.root(pg, op, src, group_src, "src")
     comm, out = _call.array(pg, op, tensor)
     if pg.rank() != root:
@@ -204,16 +172,15 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
         raise pg.error(op, f"tensor has {out.size} elements but scatter_list[{root}] has "
                            f"{counts[root]}")
     staging = _concatenate(inputs, out)
-    work = _call.launch(pg, op, comm.scatter, (staging, out.reshape(-1), root, counts), out,
-                        True, root, result=(tensor,))
-    return _settle(work, staging, async_op)
+    return _call.launch(pg, op, comm.scatter, (staging, out.reshape(-1), root, counts), out,
+                        async_op, root, result=(tensor,), keep=staging)
 
 
 def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: GroupLike = None,
                    async_op: bool = False) -> Optional[Work]:
     """Reduce ``input_list`` element-wise over ranks; rank ``i`` gets entry ``i`` in ``output``."""
     name = "reduce_scatter"
-    pg = _group(group, name)
+    pg = resolve(group, name)
     comm, out = _call.array(pg, name, output, "output")
     inputs = _array_list(pg, name, comm, out.dtype, input_list, "input_list", output=False)
     counts = [arr.size for arr in inputs]
@@ -222,18 +189,17 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: Gr
                              f"has {counts[pg.rank()]}")
     kind, factor = _call.reduction(pg, name, op, out.dtype)
     staging = _concatenate(inputs, out)
-    work = _call.launch(pg, name, comm.reduce_scatter,
+    return _call.launch(pg, name, comm.reduce_scatter,
                         (staging, out.reshape(-1), kind, factor, _uneven_counts(counts)), out,
-                        True, result=(output,))
-    return _settle(work, staging, async_op)
+                        async_op, result=(output,), keep=staging)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupLike = None,
                           async_op: bool = False) -> Optional[Work]:
     """Reduce ``input`` over ranks; rank ``i`` gets block ``i`` of the result in ``output``."""
     name = "reduce_scatter_tensor"
-    pg = _group(group, name)
-    comm, out, arr = _pair(pg, name, output, input, "output", "input")
+    pg = resolve(group, name)
+    comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
     if arr.size != out.size * pg.size():
         raise pg.error(name, f"input has {arr.size} elements, expected {pg.size()} x "
                              f"{out.size} (group size x output size)")
@@ -267,8 +233,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List
     ``MPI_Alltoallv``. All ranks must pass split sizes, or none.
     """
     name = "all_to_all_single"
-    pg = _group(group, name)
-    comm, out, arr = _pair(pg, name, output, input, "output", "input")
+    pg = resolve(group, name)
+    comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
     if output_split_sizes is None and input_split_sizes is None:
         if arr.size != out.size or arr.size % pg.size():
             raise pg.error(name, f"input ({arr.size} elements) and output ({out.size}) must "
@@ -284,7 +250,7 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
                group: GroupLike = None, async_op: bool = False) -> Optional[Work]:
     """Send ``input_tensor_list[j]`` to rank ``j``; receive rank ``j``'s into ``output[j]``."""
     name = "all_to_all"
-    pg = _group(group, name)
+    pg = resolve(group, name)
     first_raw = _call.count_list(pg, name, input_tensor_list, "input_tensor_list")[0]
     comm, first = _call.array(pg, name, first_raw, "input_tensor_list[0]", output=False)
     inputs = _array_list(pg, name, comm, first.dtype, input_tensor_list, "input_tensor_list",
@@ -292,17 +258,17 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
     outputs = _array_list(pg, name, comm, first.dtype, output_tensor_list, "output_tensor_list")
     staging_in = _concatenate(inputs, inputs[0])
     staging_out = _call.empty(first, sum(out.size for out in outputs))
-    work = _call.launch(pg, name, comm.all_to_all,
+    return _call.launch(pg, name, comm.all_to_all,
                         (staging_in, staging_out, [a.size for a in inputs],
-                         [o.size for o in outputs]), first, True,
-                        result=tuple(output_tensor_list))
-    _call.then(work, _scatter_into(staging_out, outputs))
-    return _settle(work, (staging_in, staging_out), async_op)
+                         [o.size for o in outputs]), first, async_op,
+                        result=tuple(output_tensor_list),
+                        after=_scatter_into(staging_out, outputs),
+                        keep=(staging_in, staging_out))
 
 
 def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = None,
             timeout: Any = None) -> Optional[Work]:
     """Return once every rank of the group has entered the barrier (or raise on timeout)."""
-    pg = _group(group, "barrier")
+    pg = resolve(group, "barrier")
     return _call.launch(pg, "barrier", pg.cpu.barrier, (), None, async_op,
                         timeout=timeout_seconds(timeout))

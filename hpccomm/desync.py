@@ -20,6 +20,7 @@ import numpy as np
 
 from .errors import DistDesyncError
 from .types import RedOpType
+from .work import as_work
 
 logger = logging.getLogger("hpccomm")
 FIELDS = ("op", "dtype", "count", "shape", "root", "reduce op")
@@ -128,7 +129,7 @@ def check(pg: Any, op: str, args: tuple, arr: Any, root: Optional[int],
 
 
 def _run(pg: Any, what: str, start: Any, args: tuple, timeout: Optional[float]) -> None:
-    work = start(*args)
+    work = as_work(start(*args))
     work.op = what
     work.group = pg
     work.seq = pg.seq + 1

@@ -34,7 +34,8 @@ class ProcessGroup:
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self.ranks: Tuple[int, ...] = tuple(world_ranks)
-        self._group_rank_of = {g: i for i, g in enumerate(self.ranks)}
+        #: Global rank -> group rank, for every member.
+        self.rank_of: Dict[int, int] = {g: i for i, g in enumerate(self.ranks)}
         self.group_name = name
         self.group_desc = desc or name
         self.timeout = timeout
@@ -97,7 +98,7 @@ class ProcessGroup:
     # -- rank translation -------------------------------------------------------------
     def group_rank(self, global_rank: int, op: str = "get_group_rank", what: str = "rank") -> int:
         """The group rank of ``global_rank``; a clear error if it is not a member."""
-        found = self._group_rank_of.get(global_rank)
+        found = self.rank_of.get(global_rank)
         if found is None:
             raise self.error(op, f"{what} {global_rank} is not a member of this group "
                                  f"(members: global ranks {list(self.ranks)})")

@@ -17,26 +17,21 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from typing import Any, List, Optional, Union
+from typing import Any, List, Union
 
 import numpy as np
 
 from . import p2p
 from .errors import DistTimeoutError
-from .group import GroupLike, ProcessGroup, registry, resolve
+from .group import GroupLike, ProcessGroup, resolve
 from .types import timeout_seconds
+from .work import as_work
 
 ACK_TAG = p2p.INTERNAL_TAG + 8
 RELEASE_TAG = p2p.INTERNAL_TAG + 9
 #: Extra time non-zero ranks wait for rank 0's verdict beyond the timeout.
 GRACE_S = 1.0
 _PASSED, _FAILED = 0, 1
-
-
-def _group(group: GroupLike) -> ProcessGroup:
-    if group is None and registry.world is not None:
-        return registry.world
-    return resolve(group, "monitored_barrier")
 
 
 class _Poller:
@@ -61,7 +56,7 @@ def monitored_barrier(group: GroupLike = None,
     ``timeout`` (``timedelta`` or seconds) defaults to the group's timeout. Rank 0 names
     the first missing rank, or all of them with ``wait_all_ranks=True``.
     """
-    pg = _group(group)
+    pg = resolve(group, "monitored_barrier")
     limit = timeout_seconds(timeout, pg.timeout)
     if limit is None:
         limit = float("inf")
@@ -76,7 +71,7 @@ def monitored_barrier(group: GroupLike = None,
 
 def _collect(pg: ProcessGroup, limit: float, deadline: float, wait_all: bool) -> None:
     size = pg.size()
-    acks = {rank: pg.cpu.recv(np.zeros(1, dtype=np.int64), rank, ACK_TAG)
+    acks = {rank: as_work(pg.cpu.recv(np.zeros(1, dtype=np.int64), rank, ACK_TAG))
             for rank in range(1, size)}
     arrived: List[int] = []
     poller = _Poller()
@@ -95,7 +90,7 @@ def _collect(pg: ProcessGroup, limit: float, deadline: float, wait_all: bool) ->
     verdict[0] = _FAILED if missing else _PASSED
     verdict[1] = len(named)
     verdict[2:2 + len(named)] = [pg.ranks[r] for r in named]
-    sends = [pg.cpu.send(verdict, rank, RELEASE_TAG) for rank in arrived]
+    sends = [as_work(pg.cpu.send(verdict, rank, RELEASE_TAG)) for rank in arrived]
     release_deadline = time.monotonic() + GRACE_S
     while sends and time.monotonic() < release_deadline:
         sends = [work for work in sends if not work.is_completed()]
@@ -106,9 +101,9 @@ def _collect(pg: ProcessGroup, limit: float, deadline: float, wait_all: bool) ->
 
 
 def _acknowledge(pg: ProcessGroup, limit: float, deadline: float) -> None:
-    ack = pg.cpu.send(np.array([pg.rank()], dtype=np.int64), 0, ACK_TAG)
+    ack = as_work(pg.cpu.send(np.array([pg.rank()], dtype=np.int64), 0, ACK_TAG))
     verdict = np.zeros(pg.size() + 2, dtype=np.int64)
-    release = pg.cpu.recv(verdict, 0, RELEASE_TAG)
+    release = as_work(pg.cpu.recv(verdict, 0, RELEASE_TAG))
     poller = _Poller()
     final = deadline + GRACE_S
     while not release.is_completed():

@@ -14,16 +14,10 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _call, p2p
-from .group import GroupLike, ProcessGroup, registry, resolve
+from .group import GroupLike, ProcessGroup, resolve
 
 _HEADER_TAG = p2p.INTERNAL_TAG
 _PAYLOAD_TAG = p2p.INTERNAL_TAG + 1
-
-
-def _group(group: GroupLike, op: str) -> ProcessGroup:
-    if group is None and registry.world is not None:
-        return registry.world
-    return resolve(group, op)
 
 
 def _dumps(obj: Any) -> np.ndarray:
@@ -51,7 +45,7 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
                           group_src: Optional[int] = None) -> None:
     """Replace ``object_list``'s entries on every rank with those of rank ``src``."""
     op = "broadcast_object_list"
-    pg = _group(group, op)
+    pg = resolve(group, op)
     root = _call.root(pg, op, src, group_src, "src")
     if not isinstance(object_list, list):
         raise pg.error(op, f"object_list must be a list, got {type(object_list).__name__}")
@@ -74,7 +68,7 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
 def all_gather_object(object_list: List[Any], obj: Any, group: GroupLike = None) -> None:
     """Fill ``object_list[i]`` with rank ``i``'s ``obj``, on every rank."""
     op = "all_gather_object"
-    pg = _group(group, op)
+    pg = resolve(group, op)
     _call.count_list(pg, op, object_list, "object_list")
     payload = _dumps(obj)
     mine = np.array([payload.size], dtype=np.int64)
@@ -90,7 +84,7 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
                   group_dst: Optional[int] = None) -> None:
     """Fill ``object_gather_list[i]`` on rank ``dst`` with rank ``i``'s ``obj``."""
     op = "gather_object"
-    pg = _group(group, op)
+    pg = resolve(group, op)
     root = _call.root(pg, op, dst, group_dst, "dst")
     at_root = pg.rank() == root
     if at_root:
@@ -116,7 +110,7 @@ def scatter_object_list(scatter_object_output_list: List[Any],
                         group_src: Optional[int] = None) -> None:
     """Put entry ``i`` of rank ``src``'s input list into ``output_list[0]`` on rank ``i``."""
     op = "scatter_object_list"
-    pg = _group(group, op)
+    pg = resolve(group, op)
     root = _call.root(pg, op, src, group_src, "src")
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise pg.error(op, "scatter_object_output_list must be a list with at least one entry")
@@ -159,9 +153,9 @@ def recv_object_list(object_list: List[Any], src: Optional[int] = None, group: G
     The sender is a global rank, or a group rank when ``group_src`` was given.
     """
     header = np.zeros(2, dtype=np.int64)
-    pg, work = p2p._start_recv(header, src, group, _HEADER_TAG, group_src,
-                               "recv_object_list", False, internal=True)
-    sender = work._source
+    pg, source = p2p._start_recv(header, src, group, _HEADER_TAG, group_src,
+                                 "recv_object_list", False, internal=True)
+    sender = pg.ranks[source]
     payload = np.empty(int(header[0]), dtype=np.uint8)
     p2p._start_recv(payload, sender, group, _PAYLOAD_TAG, None, "recv_object_list", False,
                     internal=True)

@@ -10,16 +10,9 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional
 
 from . import _call
-from .group import GroupLike, ProcessGroup, registry, resolve
+from .group import GroupLike, ProcessGroup, resolve
 from .types import INTERNAL_TAG, MAX_USER_TAG  # noqa: F401  (INTERNAL_TAG: used by others)
 from .work import Work
-
-
-
-def _group(group: GroupLike, op: str) -> ProcessGroup:
-    if group is None and registry.world is not None:
-        return registry.world
-    return resolve(group, op)
 
 
 def _check_tag(pg: ProcessGroup, op: str, tag: int, internal: bool) -> None:
@@ -41,7 +34,7 @@ def _peer(pg: ProcessGroup, op: str, rank: Optional[int], group_rank: Optional[i
 def _start_send(tensor: Any, dst: Optional[int], group: GroupLike, tag: int,
                 group_dst: Optional[int], op: str, async_op: bool,
                 internal: bool = False) -> Optional[Work]:
-    pg = _group(group, op)
+    pg = resolve(group, op)
     _check_tag(pg, op, tag, internal)
     peer = _peer(pg, op, dst, group_dst, "dst")
     comm, arr = _call.array(pg, op, tensor, output=False)
@@ -50,25 +43,24 @@ def _start_send(tensor: Any, dst: Optional[int], group: GroupLike, tag: int,
 
 def _start_recv(tensor: Any, src: Optional[int], group: GroupLike, tag: int,
                 group_src: Optional[int], op: str, async_op: bool,
-                internal: bool = False) -> "tuple[ProcessGroup, Work]":
-    pg = _group(group, op)
+                internal: bool = False) -> "tuple[ProcessGroup, Any]":
+    """``(group, Work)`` if ``async_op``, else ``(group, the sender's group rank)``."""
+    pg = resolve(group, op)
     _check_tag(pg, op, tag, internal)
     peer = None
     if src is not None or group_src is not None:
         peer = _peer(pg, op, src, group_src, "src")
     comm, arr = _call.array(pg, op, tensor)
-    work = _call.launch(pg, op, comm.recv, (arr, peer, tag), arr, True,
-                        None if peer is None else pg.ranks[peer], result=(tensor,))
-    group_source = work._finish  # the backend reports the sender as a group rank
-    ranks = pg.ranks
-
-    def global_source() -> Optional[int]:
-        source = group_source() if group_source is not None else peer
-        return ranks[source] if source is not None and source >= 0 else None
-    work._finish = global_source
+    if peer is None:  # the backend's finishing step reports the sender
+        return pg, _call.launch(pg, op, comm.recv, (arr, None, tag), arr, async_op,
+                                result=(tensor,))
+    outcome = _call.launch(pg, op, comm.recv, (arr, peer, tag), arr, async_op, pg.ranks[peer],
+                           result=(tensor,))
     if not async_op:
-        work.wait()
-    return pg, work
+        return pg, peer
+    if outcome._value is None:
+        outcome._value = peer  # what source_rank() reports once the receive completes
+    return pg, outcome
 
 
 def send(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: int = 0,
@@ -89,14 +81,13 @@ def recv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: i
 
     The sender is a global rank, or a group rank when ``group_src`` was given.
     """
-    pg, work = _start_recv(tensor, src, group, tag, group_src, "recv", False)
-    source = work._source
-    return pg.group_rank(source) if group_src is not None else source
+    pg, source = _start_recv(tensor, src, group, tag, group_src, "recv", False)
+    return source if group_src is not None else pg.ranks[source]
 
 
 def irecv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: int = 0,
           group_src: Optional[int] = None) -> Optional[Work]:
-    """Start receiving into ``tensor``; ``Work.source_rank()`` gives the sender."""
+    """Start receiving into ``tensor``; ``Work.source_rank()`` gives the sender's group rank."""
     return _start_recv(tensor, src, group, tag, group_src, "irecv", True)[1]
 
 
@@ -131,7 +122,7 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     works: List[Work] = []
     batches: List[Any] = []
     for item in p2p_op_list:
-        pg = _group(item.group, "batch_isend_irecv")
+        pg = resolve(item.group, "batch_isend_irecv")
         comm, _ = _call.array(pg, "batch_isend_irecv", item.tensor, output=item.op is irecv)
         if all(comm is not other for other in batches):
             batches.append(comm)

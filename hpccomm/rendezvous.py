@@ -14,13 +14,14 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .types import INTERNAL_TAG
-from .work import Work
+from .work import as_work
 
 ARRIVE_TAG = INTERNAL_TAG + 24
 RELEASE_TAG = INTERNAL_TAG + 25
 
 
-def _wait(work: Work, pg: Any, op: str, deadline: float, peer: Optional[int] = None) -> None:
+def _wait(outcome: Any, pg: Any, op: str, deadline: float, peer: Optional[int] = None) -> None:
+    work = as_work(outcome)
     work.group, work.op, work.seq, work.peer = pg, op, pg.seq, peer
     work.timeout = max(deadline - time.monotonic(), 1e-3)
     work.wait()

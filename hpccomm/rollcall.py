@@ -21,6 +21,7 @@ import numpy as np
 
 from . import p2p
 from .desync import _OPS
+from .work import as_work
 
 #: Reserved tag of roll-call messages (``p2p.INTERNAL_TAG`` + 16).
 TAG = p2p.INTERNAL_TAG + 16
@@ -67,22 +68,22 @@ def hook(work: Any, waited: float) -> Optional[str]:
                 f"HPCCOMM_ROLLCALL_MAX_RANKS={MAX_RANKS}; see the flight recorder dumps.)"
                 if size > MAX_RANKS else None)
     report = np.array([work.seq, code, int(waited * 1000)], dtype=np.int64)
-    sends = [pg.cpu.send(report, peer, TAG) for peer in range(size) if peer != me]
+    sends = [as_work(pg.cpu.send(report, peer, TAG)) for peer in range(size) if peer != me]
     heard: Dict[int, List[int]] = {}
     limit = work.timeout if work.timeout is not None else GRACE_S
     deadline = time.monotonic() + min(GRACE_S, max(limit, 0.05))
     buf = np.zeros(3, dtype=np.int64)
-    receive = pg.cpu.recv(buf, None, TAG)
+    receive = as_work(pg.cpu.recv(buf, None, TAG))
     polls = 0
     while receive is not None and time.monotonic() < deadline:
         if receive.is_completed():
-            source = receive._source
+            source = receive._value  # the sender's group rank
             if 0 <= source < size and source != me:
                 heard[source] = buf.tolist()
             receive = None
             if len(heard) < size - 1:  # post another receive only while someone is unheard
                 buf = np.zeros(3, dtype=np.int64)
-                receive = pg.cpu.recv(buf, None, TAG)
+                receive = as_work(pg.cpu.recv(buf, None, TAG))
             continue
         polls += 1
         if polls > 200:

@@ -1,36 +1,68 @@
 """Work: the handle of one started operation, and the Future it can hand out.
 
-A backend starts a nonblocking operation and gives back ``Work(test, finish, keep)``:
-``test()`` says, without blocking, whether the operation is complete (``MPI_Test`` for
-MPI, an event query for NCCL), ``finish()`` runs once after completion (copy out of a
-staging buffer, divide for AVG), and ``keep`` holds temporaries alive until then.
+A host-side backend (MPI) starts a nonblocking operation and hands back the three
+arguments of a Work, ``(test, finish, keep)``: ``test()`` says, without blocking, whether
+the operation is complete (``MPI_Test``), ``finish()`` runs once after completion (copy
+out of a staging buffer, divide for AVG) and may return a value (a receive's source), and
+``keep`` holds temporaries alive until then. A synchronous call polls ``test`` with
+:func:`poll` and builds no Work at all; ``async_op=True`` wraps the triple in a Work.
 
 Waiting spins on ``test()`` and never sleeps: a kernel wake-up costs 50-65 us on these
 machines, against ~2 us for a small all-reduce. Every 64 polls it checks the deadline and
 yields the core (``sched_yield``, not a sleep) so oversubscribed ranks still progress.
-When the deadline passes, the error names the operation, its sequence number, the group,
-the ranks, sizes and dtype, and how long it waited; then the registered timeout hooks
-(the flight recorder) run.
+When the deadline passes, the error names the operation, its
+sequence number, the group, the ranks, sizes and dtype, and how long it waited; then the
+registered timeout hooks (roll call, flight recorder) run.
 """
 from __future__ import annotations
 
 import datetime
 import os
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .errors import DistBackendError, DistError, DistTimeoutError
 from .types import timeout_seconds
 
 _monotonic = time.monotonic
 _yield = getattr(os, "sched_yield", lambda: None)
+_INF = float("inf")
+
+#: What a host-side backend returns: the arguments of :class:`Work`.
+Started = Tuple[Callable[[], bool], Optional[Callable[[], Any]], Any]
 
 #: Called as ``hook(work, waited_seconds)`` when a wait times out (roll call, flight
 #: recorder); a hook may return a sentence that is added to the error message.
 timeout_hooks: List[Callable[["Work", float], None]] = []
 
 _PENDING, _DONE, _FAILED = 0, 1, 2
-_POLLS_PER_CHECK = 64
+
+#: Polls between two deadline checks, each followed by a ``sched_yield`` so that
+#: oversubscribed ranks still progress.
+_polls_per_check = 64
+
+
+def poll(test: Callable[[], bool], limit: Optional[float]) -> float:
+    """Call ``test()`` until it is true: return 0.0, or the seconds waited once ``limit``
+    seconds (``None``: no limit) have passed first. Spins; never sleeps."""
+    start = _monotonic()
+    deadline = _INF if limit is None else start + limit
+    every = _polls_per_check
+    polls = 0
+    while not test():
+        polls += 1
+        if polls == every:
+            polls = 0
+            _yield()
+            now = _monotonic()
+            if now > deadline:
+                return max(now - start, 1e-9)
+    return 0.0
+
+
+def as_work(outcome: "Started | Work") -> "Work":
+    """A backend operation's outcome as a Work (a host-side triple is wrapped)."""
+    return outcome if isinstance(outcome, Work) else Work(*outcome)
 
 
 def _no_test() -> bool:
@@ -38,7 +70,7 @@ def _no_test() -> bool:
 
 
 # Defaults of the slots that are set only when needed (see Work.__getattr__).
-_DEFAULTS = {"_error": None, "_result": (), "_source": -1, "group": None, "op": "operation",
+_DEFAULTS = {"_error": None, "_result": (), "_value": None, "group": None, "op": "operation",
              "seq": -1, "arr": None, "peer": None, "timeout": None, "t_start": 0.0,
              "t_end": 0.0}
 
@@ -50,7 +82,7 @@ class Work:
     shape and dtype) for error messages and the flight recorder; backends never see it.
     """
 
-    __slots__ = ("_test", "_finish", "_keep", "_state", "_error", "_result", "_source",
+    __slots__ = ("_test", "_finish", "_keep", "_state", "_error", "_result", "_value",
                  "_future", "group", "op", "seq", "arr", "peer", "timeout",
                  "t_start", "t_end")
 
@@ -94,9 +126,7 @@ class Work:
         finish, self._finish = self._finish, None
         try:
             if finish is not None:
-                source = finish()
-                if source is not None:
-                    self._source = source
+                self._value = finish()
         except BaseException as exc:  # a failing copy-out fails the Work, not the poll
             self._fail(exc)
             raise self._error from exc  # type: ignore[misc]
@@ -136,30 +166,18 @@ class Work:
             return True
         test = self._test
         try:
-            done = test()
-            if not done:
-                done = self._spin(test, timeout)
+            if not test():
+                limit = (self.timeout if timeout is None or timeout == 0
+                         else timeout_seconds(timeout))
+                waited = poll(test, limit)
+                if waited:
+                    self._timed_out(waited, limit)
         except DistTimeoutError:
             raise
         except BaseException as exc:
             self._fail(exc)
             raise self._error from exc  # type: ignore[misc]
         self._complete()
-        return True
-
-    def _spin(self, test: Callable[[], bool], timeout: Any) -> bool:
-        limit = self.timeout if timeout is None or timeout == 0 else timeout_seconds(timeout)
-        start = _monotonic()
-        deadline = start + limit if limit is not None else float("inf")
-        polls = 0
-        while not test():
-            polls += 1
-            if polls == _POLLS_PER_CHECK:
-                polls = 0
-                _yield()
-                now = _monotonic()
-                if now > deadline:
-                    self._timed_out(now - start, limit)
         return True
 
     def _timed_out(self, waited: float, limit: Optional[float]) -> None:
@@ -198,11 +216,13 @@ class Work:
         return self._error
 
     def source_rank(self) -> int:
-        """For a receive from any source: the global rank the message came from."""
-        if self._source < 0:
+        """For a completed receive: the sender's rank in the receive's group (as torch's
+        ``Work.source_rank``; ``get_global_rank`` turns it into a global rank)."""
+        source = self._value  # a receive's finishing step gives the sender's group rank
+        if self._state != _DONE or not isinstance(source, int) or source < 0:
             raise DistError(f"{self.describe()}: source_rank() is known only for a "
                             f"completed receive")
-        return self._source
+        return source
 
     def result(self) -> List[Any]:
         """The output arrays of the operation (waits for it)."""

@@ -79,3 +79,31 @@ def test_standalone_future():
     future.then(lambda fut: seen.append(fut.value()))
     future.set_result(5)
     assert future.done() and future.wait() == 5 and seen == [5]
+
+
+def test_poll_returns_zero_once_the_test_passes():
+    from hpccomm.work import poll
+
+    answers = iter([False] * 200 + [True])
+    assert poll(lambda: next(answers), 5.0) == 0.0
+    assert next(answers, "drained") == "drained"  # polled exactly until it passed
+
+
+def test_poll_reports_the_seconds_waited_when_the_limit_passes():
+    from hpccomm.work import poll
+
+    waited = poll(lambda: False, 0.03)
+    assert 0.03 <= waited < 5.0
+
+
+def test_as_work_wraps_a_host_triple_and_keeps_a_work():
+    from hpccomm.work import as_work
+
+    done = []
+    work = as_work((lambda: True, lambda: done.append(1) or 3, "kept"))
+    assert isinstance(work, Work) and work.wait() and done == [1]
+    assert work.source_rank() == 3  # a finishing step's value is a receive's source
+    same = Work(lambda: True)
+    assert as_work(same) is same
+    with pytest.raises(hpccomm.DistError, match="completed receive"):
+        Work(lambda: False).source_rank()

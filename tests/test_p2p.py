@@ -63,6 +63,25 @@ def test_irecv_any_source_work_source_rank(dist, rank, size):
         assert work.source_rank() == 1
 
 
+@pytest.mark.mpi(min_size=3)
+def test_receive_sources_in_a_subgroup(dist, rank, size):
+    """Group ranks differ from global ranks: recv reports whichever the caller used."""
+    tail = dist.new_group(list(range(1, size)))  # group rank g is global rank g + 1
+    if rank == 1:
+        for tag in (4, 5, 6):
+            dist.send(np.full(1, float(tag)), group=tail, group_dst=1, tag=tag)
+    elif rank == 2:
+        buf = np.zeros(1)
+        assert dist.recv(buf, group=tail, group_src=0, tag=4) == 0 and buf[0] == 4
+        assert dist.recv(buf, src=1, group=tail, tag=5) == 1 and buf[0] == 5
+        work = dist.irecv(buf, group=tail, group_src=0, tag=6)
+        work.wait()
+        assert work.source_rank() == 0 and buf[0] == 6  # a group rank, as torch's
+    dist.barrier()
+    if tail is not dist.GroupMember.NON_GROUP_MEMBER:
+        dist.destroy_process_group(tail)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_batch_isend_irecv_exchange(dist, rank, size):
     right, left = (rank + 1) % size, (rank - 1) % size

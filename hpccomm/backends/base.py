@@ -1,10 +1,18 @@
-"""The backend interface: buffers in, :class:`~hpccomm.work.Work` out.
+"""The backend interface: buffers in, a started operation out.
 
 A ``Communicator`` is one backend's handle on one group's processes. It knows ranks as
 positions in that group (0..size-1), takes arrays that the public layer has already
-resolved and validated (contiguous, supported dtype, matching sizes), starts the
-operation without blocking and returns a ``Work``. It knows nothing of ``ProcessGroup``,
-default groups, global ranks or the public API, so a backend is small and testable.
+resolved and validated (contiguous, supported dtype, matching sizes) and starts the
+operation without blocking. It knows nothing of ``ProcessGroup``, default groups, global
+ranks or the public API, so a backend is small and testable.
+
+What an operation returns (:data:`Outcome`):
+
+* a host-side backend (MPI) returns ``(test, finish, keep)``, the arguments of a
+  :class:`~hpccomm.work.Work`. A synchronous call then polls ``test`` and never builds a
+  Work (on an 8-byte all-reduce that object costs about as much as the MPI call);
+* a backend whose completion is not a host-side test returns its own Work subclass
+  (NCCL: the caller's CUDA stream waits on an event; the CPU does not).
 
 Reductions arrive as ``(kind, factor)``: a :class:`~hpccomm.types.RedOpType` and the
 ``PREMUL_SUM`` factor (``None`` otherwise). Counts are in elements.
@@ -12,10 +20,13 @@ Reductions arrive as ``(kind, factor)``: a :class:`~hpccomm.types.RedOpType` and
 from __future__ import annotations
 
 import abc
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from ..types import RedOpType
-from ..work import Work
+from ..work import Started, Work
+
+#: What every operation returns: a host-side triple, or a backend's own Work.
+Outcome = Union[Started, Work]
 
 
 class Communicator(abc.ABC):
@@ -28,54 +39,55 @@ class Communicator(abc.ABC):
 
     # -- collectives ------------------------------------------------------------------
     @abc.abstractmethod
-    def broadcast(self, buf: Any, root: int) -> Work:
+    def broadcast(self, buf: Any, root: int) -> Outcome:
         """Copy ``buf`` of ``root`` into ``buf`` of every rank."""
 
     @abc.abstractmethod
-    def all_reduce(self, buf: Any, kind: RedOpType, factor: Any) -> Work:
+    def all_reduce(self, buf: Any, kind: RedOpType, factor: Any) -> Outcome:
         """Reduce ``buf`` over all ranks, result in ``buf`` everywhere."""
 
     @abc.abstractmethod
-    def reduce(self, buf: Any, kind: RedOpType, factor: Any, root: int) -> Work:
+    def reduce(self, buf: Any, kind: RedOpType, factor: Any, root: int) -> Outcome:
         """Reduce ``buf`` over all ranks into ``buf`` of ``root``; others unchanged."""
 
     @abc.abstractmethod
-    def all_gather(self, send: Any, recv: Any, counts: Optional[Sequence[int]]) -> Work:
+    def all_gather(self, send: Any, recv: Any, counts: Optional[Sequence[int]]) -> Outcome:
         """Concatenate every rank's ``send`` into ``recv`` (``counts`` when uneven).
 
         ``send is None`` means in place: this rank's block already sits in ``recv``.
         """
 
     @abc.abstractmethod
-    def gather(self, send: Any, recv: Any, root: int, counts: Optional[Sequence[int]]) -> Work:
+    def gather(self, send: Any, recv: Any, root: int, counts: Optional[Sequence[int]]) -> Outcome:
         """Concatenate every rank's ``send`` into ``recv`` of ``root`` (``None`` elsewhere)."""
 
     @abc.abstractmethod
-    def scatter(self, send: Any, recv: Any, root: int, counts: Optional[Sequence[int]]) -> Work:
+    def scatter(self, send: Any, recv: Any, root: int, counts: Optional[Sequence[int]]) -> Outcome:
         """Split ``send`` of ``root`` into consecutive blocks, block ``i`` to rank ``i``."""
 
     @abc.abstractmethod
     def reduce_scatter(self, send: Any, recv: Any, kind: RedOpType, factor: Any,
-                       counts: Optional[Sequence[int]]) -> Work:
+                       counts: Optional[Sequence[int]]) -> Outcome:
         """Reduce ``send`` over ranks, block ``i`` of the result into ``recv`` of rank ``i``."""
 
     @abc.abstractmethod
     def all_to_all(self, send: Any, recv: Any, send_counts: Optional[Sequence[int]],
-                   recv_counts: Optional[Sequence[int]]) -> Work:
+                   recv_counts: Optional[Sequence[int]]) -> Outcome:
         """Block ``j`` of ``send`` on rank ``i`` goes to block ``i`` of ``recv`` on rank ``j``."""
 
     @abc.abstractmethod
-    def barrier(self) -> Work:
+    def barrier(self) -> Outcome:
         """Complete once every rank has entered the barrier."""
 
     # -- point to point -----------------------------------------------------------------
     @abc.abstractmethod
-    def send(self, buf: Any, dst: int, tag: int) -> Work:
+    def send(self, buf: Any, dst: int, tag: int) -> Outcome:
         """Send ``buf`` to group rank ``dst``."""
 
     @abc.abstractmethod
-    def recv(self, buf: Any, src: Optional[int], tag: int) -> Work:
-        """Receive into ``buf`` from ``src`` (``None``: any rank); ``finish`` yields the source."""
+    def recv(self, buf: Any, src: Optional[int], tag: int) -> Outcome:
+        """Receive into ``buf`` from ``src``; for ``src=None`` (any rank) the finishing step
+        returns the sender's rank."""
 
     def start_batch(self) -> None:
         """Begin a batch of point-to-point operations (NCCL group call); default no-op."""

@@ -1,5 +1,8 @@
 """The MPI backend: every operation is one nonblocking MPI call (``Iallreduce``...).
 
+Each operation returns ``(test, finish, keep)`` (see :mod:`hpccomm.work`): the request's
+``Test``, the step to run after completion (or ``None``) and the temporaries to keep.
+
 The MPI library's own algorithms do the work; this module only maps arrays to buffer
 specs, ops to ``MPI.Op``, and in-place semantics to ``MPI.IN_PLACE``. Datatype and op
 lookups are cached per dtype, so the hot path is a dict lookup and one MPI call.
@@ -22,7 +25,7 @@ from mpi4py import MPI
 
 from ..errors import DistBackendError
 from ..types import RedOpType
-from ..work import Work
+from ..work import Started, Work
 from .base import Communicator
 
 IN_PLACE = MPI.IN_PLACE
@@ -41,27 +44,32 @@ _PREDEFINED: Dict[Any, Any] = {np.dtype(char): MPI._typedict[char]
 _SUM, _AVG, _PREMUL_SUM = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM  # no enum
 # attribute loads on the hot path (each is a descriptor lookup on Python 3.11)
 _BYTES: Dict[int, Any] = {}  # itemsize -> committed contiguous byte type
+_TRANSFER: Dict[Any, Any] = dict(_PREDEFINED)  # dtype -> its transfer type, once seen
 _FLOAT32 = np.dtype(np.float32)
 
-#: (dtype, kind) -> (MPI datatype, MPI op, staging dtype or None)
+#: (MPI datatype, MPI op, staging dtype or None)
 _Plan = Tuple[Any, Any, Optional[Any]]
-_PLANS: Dict[Tuple[Any, RedOpType], _Plan] = {}
+#: ``_PLANS[kind][dtype]``: one dict per reduction kind, so the hot path looks a plan up
+#: without building a (dtype, kind) key.
+_PLANS: List[Dict[Any, _Plan]] = [{} for _ in RedOpType]
 
 
 def transfer_type(dtype: Any) -> Any:
-    """The MPI datatype that moves one element of ``dtype`` bit-exactly."""
+    """The MPI datatype that moves one element of ``dtype`` bit-exactly (cached in
+    :data:`_TRANSFER`, which the hot path reads first)."""
     mpitype = _PREDEFINED.get(dtype)
     if mpitype is None:
         mpitype = _BYTES.get(dtype.itemsize)
         if mpitype is None:
             mpitype = _BYTES[dtype.itemsize] = MPI.BYTE.Create_contiguous(dtype.itemsize)
             mpitype.Commit()
+    _TRANSFER[dtype] = mpitype
     return mpitype
 
 
 def _plan(dtype: Any, kind: RedOpType) -> _Plan:
     """How to reduce ``dtype`` with ``kind``: type, op, staging dtype (cached)."""
-    plan = _PLANS.get((dtype, kind))
+    plan = _PLANS[kind].get(dtype)
     if plan is None:
         if dtype.kind == "b":
             plan = (_PREDEFINED[dtype], _LOGICAL[kind], None)
@@ -69,7 +77,7 @@ def _plan(dtype: Any, kind: RedOpType) -> _Plan:
             plan = (_PREDEFINED[dtype], _ARITH[kind], None)
         else:  # bfloat16, or float16 on an MPI without a half type: reduce in float32
             plan = (MPI.FLOAT, _ARITH[kind], _FLOAT32)
-        _PLANS[(dtype, kind)] = plan
+        _PLANS[kind][dtype] = plan
     return plan
 
 
@@ -123,31 +131,31 @@ class MPICommunicator(Communicator):
         return run
 
     # -- collectives ----------------------------------------------------------------
-    def broadcast(self, buf: np.ndarray, root: int) -> Work:
-        req = self.comm.Ibcast([buf, transfer_type(buf.dtype)], root)
-        return Work(req.Test)
+    def broadcast(self, buf: np.ndarray, root: int) -> Started:
+        mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)
+        return self.comm.Ibcast([buf, mpitype], root).Test, None, None
 
-    def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Work:
-        plan = _PLANS.get((buf.dtype, kind)) or _plan(buf.dtype, kind)
+    def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
+        plan = _PLANS[kind].get(buf.dtype) or _plan(buf.dtype, kind)
         mpitype, op, stage = plan
         if stage is None:
             if kind is _PREMUL_SUM:
                 _premultiply(buf, factor, out=buf)
             req = self.comm.Iallreduce(IN_PLACE, [buf, mpitype], op)
             if kind is _SUM:
-                return Work(req.Test)
-            return Work(req.Test, self._post(buf, kind))
+                return req.Test, None, None
+            return req.Test, self._post(buf, kind), None
         tmp = buf.astype(stage)
-        if kind == RedOpType.PREMUL_SUM:
+        if kind is _PREMUL_SUM:
             _premultiply(tmp, factor, out=tmp)
         req = self.comm.Iallreduce(IN_PLACE, [tmp, mpitype], op)
-        return Work(req.Test, self._chain(self._post(tmp, kind), _copy_back(tmp, buf)), tmp)
+        return req.Test, self._chain(self._post(tmp, kind), _copy_back(tmp, buf)), tmp
 
-    def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Work:
-        mpitype, op, stage = _PLANS.get((buf.dtype, kind)) or _plan(buf.dtype, kind)
+    def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Started:
+        mpitype, op, stage = _PLANS[kind].get(buf.dtype) or _plan(buf.dtype, kind)
         at_root = self.rank == root
         work_buf = buf if stage is None else buf.astype(stage)
-        if kind == RedOpType.PREMUL_SUM:
+        if kind is _PREMUL_SUM:
             if at_root or work_buf is not buf:
                 _premultiply(work_buf, factor, out=work_buf)
             else:  # the caller's buffer stays untouched on non-roots
@@ -156,24 +164,24 @@ class MPICommunicator(Communicator):
             req = self.comm.Ireduce(IN_PLACE, [work_buf, mpitype], op, root)
             finish = self._chain(self._post(work_buf, kind),
                                  None if work_buf is buf else _copy_back(work_buf, buf))
-            return Work(req.Test, finish, work_buf)
+            return req.Test, finish, work_buf
         req = self.comm.Ireduce([work_buf, mpitype], None, op, root)
-        return Work(req.Test, None, work_buf)
+        return req.Test, None, work_buf
 
     def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
-                   counts: Optional[Sequence[int]]) -> Work:
-        mpitype = transfer_type(recv.dtype)
+                   counts: Optional[Sequence[int]]) -> Started:
+        mpitype = _TRANSFER.get(recv.dtype) or transfer_type(recv.dtype)
         sendspec = IN_PLACE if send is None else [send, mpitype]
         if counts is None:
             req = self.comm.Iallgather(sendspec, [recv, mpitype])
         else:
             req = self.comm.Iallgatherv(sendspec, [recv, (counts, _displacements(counts)),
                                                    mpitype])
-        return Work(req.Test)
+        return req.Test, None, None
 
     def gather(self, send: np.ndarray, recv: Optional[np.ndarray], root: int,
-               counts: Optional[Sequence[int]]) -> Work:
-        mpitype = transfer_type(send.dtype)
+               counts: Optional[Sequence[int]]) -> Started:
+        mpitype = _TRANSFER.get(send.dtype) or transfer_type(send.dtype)
         if counts is None:
             recvspec = [recv, mpitype] if recv is not None else None
             req = self.comm.Igather([send, mpitype], recvspec, root)
@@ -181,11 +189,11 @@ class MPICommunicator(Communicator):
             recvspec = ([recv, (counts, _displacements(counts)), mpitype]
                         if recv is not None else None)
             req = self.comm.Igatherv([send, mpitype], recvspec, root)
-        return Work(req.Test)
+        return req.Test, None, None
 
     def scatter(self, send: Optional[np.ndarray], recv: np.ndarray, root: int,
-                counts: Optional[Sequence[int]]) -> Work:
-        mpitype = transfer_type(recv.dtype)
+                counts: Optional[Sequence[int]]) -> Started:
+        mpitype = _TRANSFER.get(recv.dtype) or transfer_type(recv.dtype)
         if counts is None:
             sendspec = [send, mpitype] if send is not None else None
             req = self.comm.Iscatter(sendspec, [recv, mpitype], root)
@@ -193,15 +201,18 @@ class MPICommunicator(Communicator):
             sendspec = ([send, (counts, _displacements(counts)), mpitype]
                         if send is not None else None)
             req = self.comm.Iscatterv(sendspec, [recv, mpitype], root)
-        return Work(req.Test)
+        return req.Test, None, None
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
-                       factor: Any, counts: Optional[Sequence[int]]) -> Work:
-        mpitype, op, stage = _PLANS.get((send.dtype, kind)) or _plan(send.dtype, kind)
+                       factor: Any, counts: Optional[Sequence[int]]) -> Started:
+        mpitype, op, stage = _PLANS[kind].get(send.dtype) or _plan(send.dtype, kind)
+        if kind is _SUM and stage is None and counts is None:  # the common case
+            req = self.comm.Ireduce_scatter_block([send, mpitype], [recv, mpitype], op)
+            return req.Test, None, None
         work_send, work_recv = send, recv
         if stage is not None:
             work_send, work_recv = send.astype(stage), np.empty(recv.shape, stage)
-        if kind == RedOpType.PREMUL_SUM:
+        if kind is _PREMUL_SUM:
             work_send = (_premultiply(work_send, factor, out=work_send)
                          if work_send is not send else _premultiply(send, factor))
         if counts is None:
@@ -211,36 +222,38 @@ class MPICommunicator(Communicator):
                                             list(counts), op)
         finish = self._chain(self._post(work_recv, kind),
                              None if work_recv is recv else _copy_back(work_recv, recv))
-        return Work(req.Test, finish, (work_send, work_recv))
+        return req.Test, finish, (work_send, work_recv)
 
     def all_to_all(self, send: np.ndarray, recv: np.ndarray,
                    send_counts: Optional[Sequence[int]],
-                   recv_counts: Optional[Sequence[int]]) -> Work:
-        mpitype = transfer_type(recv.dtype)
+                   recv_counts: Optional[Sequence[int]]) -> Started:
+        mpitype = _TRANSFER.get(recv.dtype) or transfer_type(recv.dtype)
         if send_counts is None and recv_counts is None:
             req = self.comm.Ialltoall([send, mpitype], [recv, mpitype])
         else:
             req = self.comm.Ialltoallv(
                 [send, (send_counts, _displacements(send_counts)), mpitype],
                 [recv, (recv_counts, _displacements(recv_counts)), mpitype])
-        return Work(req.Test)
+        return req.Test, None, None
 
-    def barrier(self) -> Work:
-        return Work(self.comm.Ibarrier().Test)
+    def barrier(self) -> Started:
+        return self.comm.Ibarrier().Test, None, None
 
     # -- point to point ---------------------------------------------------------------
-    def send(self, buf: np.ndarray, dst: int, tag: int) -> Work:
-        req = self.comm.Isend([buf, transfer_type(buf.dtype)], dst, tag)
-        return Work(req.Test)
+    def send(self, buf: np.ndarray, dst: int, tag: int) -> Started:
+        mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)
+        return self.comm.Isend([buf, mpitype], dst, tag).Test, None, None
 
-    def recv(self, buf: np.ndarray, src: Optional[int], tag: int) -> Work:
+    def recv(self, buf: np.ndarray, src: Optional[int], tag: int) -> Started:
+        mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)
+        if src is not None:
+            return self.comm.Irecv([buf, mpitype], src, tag).Test, None, None
         status = MPI.Status()
-        req = self.comm.Irecv([buf, transfer_type(buf.dtype)],
-                              ANY_SOURCE if src is None else src, tag)
+        req = self.comm.Irecv([buf, mpitype], ANY_SOURCE, tag)
 
         def test() -> bool:
             return req.Test(status)
-        return Work(test, status.Get_source)
+        return test, status.Get_source, None
 
     # -- life cycle -------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -12,7 +12,8 @@ exactly the CPU backend's.
 * **Staging**: inputs are copied to pinned host buffers (synchronizing the current
   stream), MPI runs on them, and outputs are copied back when the operation completes.
 
-Work here has CPU semantics (``wait()`` blocks the CPU), as MPI itself does.
+Operations return the MPI backend's ``(test, finish, keep)``: CPU semantics (a wait
+blocks the CPU), as MPI itself has.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..types import RedOpType
-from ..work import Work
+from ..work import Started
 from . import _cuda
 from .base import Communicator
 from .mpi import MPICommunicator, _plan
@@ -44,17 +45,15 @@ def cuda_aware_mpi() -> bool:
     return os.environ.get("MPICH_GPU_SUPPORT_ENABLED", "0").strip() == "1"
 
 
-def _then(work: Work, step: Any, keep: Any) -> Work:
-    """Run ``step`` after ``work``'s own finishing step; keep ``keep`` alive until then."""
-    first = work._finish
+def _then(started: Started, step: Any, keep: Any) -> Started:
+    """``started`` with ``step`` run after its own finishing step; ``keep`` kept alive."""
+    test, first, held = started
 
     def both() -> Any:
         value = first() if first is not None else None
         step()
         return value
-    work._finish = both
-    work._keep = (work._keep, keep)
-    return work
+    return test, both, (held, keep)
 
 
 class MPICudaCommunicator(Communicator):
@@ -81,14 +80,14 @@ class MPICudaCommunicator(Communicator):
             arr.get(out=host)
         return host
 
-    def _back(self, work: Work, pairs: List[Tuple[Any, np.ndarray]]) -> Work:
-        """Copy host results into the device arrays once ``work`` completes."""
+    def _back(self, started: Started, pairs: List[Tuple[Any, np.ndarray]]) -> Started:
+        """Copy host results into the device arrays once ``started`` completes."""
         def copy_back() -> None:
             for dev, host in pairs:
                 if dev.size:
                     dev.set(host)
             self._sync()  # the host buffers may be freed once this returns
-        return _then(work, copy_back, pairs)
+        return _then(started, copy_back, pairs)
 
     def _direct(self, kind: Optional[RedOpType], dtype: Any) -> bool:
         """Whether this call may hand device pointers to MPI."""
@@ -99,30 +98,30 @@ class MPICudaCommunicator(Communicator):
         return kind != RedOpType.PREMUL_SUM and _plan(dtype, kind)[2] is None
 
     # -- collectives ---------------------------------------------------------------------------
-    def broadcast(self, buf: Any, root: int) -> Work:
+    def broadcast(self, buf: Any, root: int) -> Started:
         if self._direct(None, buf.dtype):
             self._sync()
             return self.inner.broadcast(buf, root)
         host = self._host(buf, copy=self.rank == root)
         return self._back(self.inner.broadcast(host, root), [(buf, host)])
 
-    def all_reduce(self, buf: Any, kind: RedOpType, factor: Any) -> Work:
+    def all_reduce(self, buf: Any, kind: RedOpType, factor: Any) -> Started:
         if self._direct(kind, buf.dtype):
             self._sync()
             return self.inner.all_reduce(buf, kind, factor)
         host = self._host(buf)
         return self._back(self.inner.all_reduce(host, kind, factor), [(buf, host)])
 
-    def reduce(self, buf: Any, kind: RedOpType, factor: Any, root: int) -> Work:
+    def reduce(self, buf: Any, kind: RedOpType, factor: Any, root: int) -> Started:
         if self._direct(kind, buf.dtype):
             self._sync()
             return self.inner.reduce(buf, kind, factor, root)
         host = self._host(buf)
-        work = self.inner.reduce(host, kind, factor, root)
-        return self._back(work, [(buf, host)] if self.rank == root else [])
+        started = self.inner.reduce(host, kind, factor, root)
+        return self._back(started, [(buf, host)] if self.rank == root else [])
 
     def all_gather(self, send: Optional[Any], recv: Any,
-                   counts: Optional[Sequence[int]]) -> Work:
+                   counts: Optional[Sequence[int]]) -> Started:
         if self._direct(None, recv.dtype):
             self._sync()
             return self.inner.all_gather(send, recv, counts)
@@ -131,17 +130,17 @@ class MPICudaCommunicator(Communicator):
         return self._back(self.inner.all_gather(hsend, hrecv, counts), [(recv, hrecv)])
 
     def gather(self, send: Any, recv: Optional[Any], root: int,
-               counts: Optional[Sequence[int]]) -> Work:
+               counts: Optional[Sequence[int]]) -> Started:
         if self._direct(None, send.dtype):
             self._sync()
             return self.inner.gather(send, recv, root, counts)
         hsend = self._host(send)
         hrecv = None if recv is None else self._host(recv, copy=False)
-        work = self.inner.gather(hsend, hrecv, root, counts)
-        return self._back(work, [] if recv is None else [(recv, hrecv)])
+        started = self.inner.gather(hsend, hrecv, root, counts)
+        return self._back(started, [] if recv is None else [(recv, hrecv)])
 
     def scatter(self, send: Optional[Any], recv: Any, root: int,
-                counts: Optional[Sequence[int]]) -> Work:
+                counts: Optional[Sequence[int]]) -> Started:
         if self._direct(None, recv.dtype):
             self._sync()
             return self.inner.scatter(send, recv, root, counts)
@@ -150,35 +149,35 @@ class MPICudaCommunicator(Communicator):
         return self._back(self.inner.scatter(hsend, hrecv, root, counts), [(recv, hrecv)])
 
     def reduce_scatter(self, send: Any, recv: Any, kind: RedOpType, factor: Any,
-                       counts: Optional[Sequence[int]]) -> Work:
+                       counts: Optional[Sequence[int]]) -> Started:
         if self._direct(kind, send.dtype):
             self._sync()
             return self.inner.reduce_scatter(send, recv, kind, factor, counts)
         hsend, hrecv = self._host(send), self._host(recv, copy=False)
-        work = self.inner.reduce_scatter(hsend, hrecv, kind, factor, counts)
-        return self._back(work, [(recv, hrecv)])
+        started = self.inner.reduce_scatter(hsend, hrecv, kind, factor, counts)
+        return self._back(started, [(recv, hrecv)])
 
     def all_to_all(self, send: Any, recv: Any, send_counts: Optional[Sequence[int]],
-                   recv_counts: Optional[Sequence[int]]) -> Work:
+                   recv_counts: Optional[Sequence[int]]) -> Started:
         if self._direct(None, send.dtype):
             self._sync()
             return self.inner.all_to_all(send, recv, send_counts, recv_counts)
         hsend, hrecv = self._host(send), self._host(recv, copy=False)
-        work = self.inner.all_to_all(hsend, hrecv, send_counts, recv_counts)
-        return self._back(work, [(recv, hrecv)])
+        started = self.inner.all_to_all(hsend, hrecv, send_counts, recv_counts)
+        return self._back(started, [(recv, hrecv)])
 
-    def barrier(self) -> Work:
+    def barrier(self) -> Started:
         return self.inner.barrier()
 
     # -- point to point -----------------------------------------------------------------------
-    def send(self, buf: Any, dst: int, tag: int) -> Work:
+    def send(self, buf: Any, dst: int, tag: int) -> Started:
         if self._direct(None, buf.dtype):
             self._sync()
             return self.inner.send(buf, dst, tag)
         host = self._host(buf)
         return _then(self.inner.send(host, dst, tag), lambda: None, host)
 
-    def recv(self, buf: Any, src: Optional[int], tag: int) -> Work:
+    def recv(self, buf: Any, src: Optional[int], tag: int) -> Started:
         if self._direct(None, buf.dtype):
             self._sync()
             return self.inner.recv(buf, src, tag)
