@@ -88,6 +88,19 @@ def same_dtype(pg: ProcessGroup, op: str, expected: Any, arr: Any, what: str) ->
                            f"of one operation share a dtype)")
 
 
+def apart(arr: Any, out: Any) -> Any:
+    """``arr``, or a copy of it if it overlaps ``out`` (MPI forbids aliased send and
+    receive buffers). Both are contiguous, so overlapping address ranges mean shared
+    memory; two NumPy arrays that own their memory never overlap."""
+    if arr is not out and (type(arr) is ndarray and arr.base is None and
+                           type(out) is ndarray and out.base is None):
+        return arr
+    start, other = address(arr), address(out)
+    if arr.nbytes and out.nbytes and start < other + out.nbytes and other < start + arr.nbytes:
+        return arr.copy()
+    return arr
+
+
 def address(arr: Any) -> int:
     """Address of the first element (NumPy or CuPy)."""
     if isinstance(arr, ndarray):

@@ -116,11 +116,13 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     if out.size != arr.size * size:
         raise pg.error(op, f"output_tensor has {out.size} elements, expected "
                            f"{size} x {arr.size} (group size x input size)")
-    # In place when the input is this rank's block of the output. A NumPy array that owns
-    # its memory cannot be, so the (slow) address arithmetic runs only for views.
-    in_place = (arr.size and (type(arr) is not _call.ndarray or arr.base is not None) and
-                _call.address(arr) == _call.address(out) + pg.rank() * arr.nbytes)
-    send = None if in_place else arr
+    # In place when the input is this rank's block of the output (or, in a group of one,
+    # the output itself). A NumPy array that owns its memory can be a block of nothing
+    # else, so the (slow) address arithmetic runs only for views.
+    in_place = arr is out or (
+        arr.size and (type(arr) is not _call.ndarray or arr.base is not None)
+        and _call.address(arr) == _call.address(out) + pg.rank() * arr.nbytes)
+    send = None if in_place else _call.apart(arr, out)
     return _call.launch(pg, op, comm.all_gather, (send, out, None), arr, async_op,
                         result=(output_tensor,))
 
@@ -204,6 +206,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupL
         raise pg.error(name, f"input has {arr.size} elements, expected {pg.size()} x "
                              f"{out.size} (group size x output size)")
     kind, factor = _call.reduction(pg, name, op, out.dtype)
+    arr = _call.apart(arr, out)  # e.g. output is this rank's block of input
     return _call.launch(pg, name, comm.reduce_scatter, (arr, out, kind, factor, None), arr,
                         async_op, result=(output,))
 
@@ -235,6 +238,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List
     name = "all_to_all_single"
     pg = resolve(group, name)
     comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
+    arr = _call.apart(arr, out)  # in place: output is input
     if output_split_sizes is None and input_split_sizes is None:
         if arr.size != out.size or arr.size % pg.size():
             raise pg.error(name, f"input ({arr.size} elements) and output ({out.size}) must "

@@ -159,6 +159,21 @@ def test_all_gather_into_tensor_in_place(dist, rank, size):
     np.testing.assert_array_equal(out, np.repeat(np.arange(size, dtype=float), 4))
 
 
+def test_all_gather_into_tensor_input_is_the_output_in_a_group_of_one(dist, rank, size):
+    alone, _ = dist.new_subgroups(group_size=1)
+    buf = np.full(3, float(rank))
+    dist.all_gather_into_tensor(buf, buf, group=alone)  # MPI would refuse aliased buffers
+    np.testing.assert_array_equal(buf, rank)
+    dist.destroy_process_group(alone)
+
+
+def test_all_gather_into_tensor_overlapping_input_is_copied(dist, rank, size):
+    out = np.zeros(size * 2 + 1)
+    out[1:3] = [rank, rank]  # overlaps the output without being this rank's block
+    dist.all_gather_into_tensor(out[:size * 2], out[1:3])
+    np.testing.assert_array_equal(out[:size * 2], np.repeat(np.arange(size, dtype=float), 2))
+
+
 @pytest.mark.parametrize("async_op", [False, True])
 @pytest.mark.parametrize("where", ["first", "last"])
 def test_gather(dist, rank, size, where, async_op):
@@ -215,6 +230,21 @@ def test_reduce_scatter_tensor(dist, rank, size, op, async_op):
     expected = {"SUM": block * factors.sum(), "AVG": block * factors.mean(),
                 "MAX": block * size}[op]
     np.testing.assert_allclose(out, expected)
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_reduce_scatter_tensor_into_its_own_input_block(dist, rank, size, async_op):
+    full = np.arange(size * 3, dtype=np.float64) + rank
+    expected = (np.arange(rank * 3, (rank + 1) * 3) * size + sum(range(size))).astype(float)
+    out = full[rank * 3:(rank + 1) * 3]  # the output is a view into the input (NCCL style)
+    finish(dist.reduce_scatter_tensor(out, full, async_op=async_op), async_op)
+    np.testing.assert_allclose(out, expected)
+
+
+def test_all_to_all_single_in_place(dist, rank, size):
+    buf = np.array([rank * 100 + j for j in range(size)], dtype=np.int64)
+    dist.all_to_all_single(buf, buf)
+    np.testing.assert_array_equal(buf, [j * 100 + rank for j in range(size)])
 
 
 @pytest.mark.parametrize("async_op", [False, True])
