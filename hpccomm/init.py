@@ -25,8 +25,12 @@ from . import debug
 from .errors import DistValueError
 from .group import ProcessGroup, _backend_map, _mpi, destroy, registry, resolve
 from .types import Backend, DebugLevel, default_pg_timeout, timeout_seconds
+from .work import POLLS_SHARED, set_oversubscribed
 
 logger = logging.getLogger("hpccomm")
+
+#: ``1``/``0``: treat this node as oversubscribed or not, whatever the CPU count says.
+OVERSUBSCRIBED_ENV = "HPCCOMM_OVERSUBSCRIBED"
 
 # (variable for the rank, variable for the size, what set it)
 _LAUNCHER_VARS: List[Tuple[str, str, str]] = [
@@ -201,15 +205,16 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         destroy_process_group()
         raise
     _never_hang(mpi_size)
+    shared = _share_cores(mpi, world_comm)
     if debug.level >= DebugLevel.INFO:
         library = " ".join(mpi.library_version().split())
         threads = _THREAD_LEVELS.get(mpi.thread_level(), mpi.thread_level())
         logger.info("hpccomm: rank %d/%d initialized on %s; MPI library: %s; thread level "
                     "%s; backends %s; store %s; timeout %.0f s; debug level %s; flight "
-                    "recorder %s; abort on uncaught exception: %s", mpi_rank, mpi_size,
-                    platform.node(), library, threads, pg.backend_string(),
+                    "recorder %s; abort on uncaught exception: %s; cores: %s", mpi_rank,
+                    mpi_size, platform.node(), library, threads, pg.backend_string(),
                     type(registry.store).__name__, seconds, debug.level.name,
-                    _recorder_state(), _abort_state(mpi_size))
+                    _recorder_state(), _abort_state(mpi_size), shared)
 
 
 _THREAD_LEVELS = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
@@ -227,6 +232,23 @@ def _never_hang(mpi_size: int) -> None:
         except ImportError:
             return
         excepthook.install()
+
+
+def _share_cores(mpi: Any, world_comm: Any) -> str:
+    """Set how waits poll: yield often when this node runs more ranks than it has CPUs.
+
+    ``HPCCOMM_OVERSUBSCRIBED=1``/``0`` overrides the measurement. Returns a phrase for the
+    INFO log line.
+    """
+    forced = os.environ.get(OVERSUBSCRIBED_ENV, "").strip()
+    local, cpus = mpi.node_cores(world_comm)
+    shared = forced == "1" if forced in ("0", "1") else local > cpus
+    set_oversubscribed(shared)
+    how = f"{local} ranks on {cpus} CPUs of this node"
+    if forced in ("0", "1"):
+        how += f", {OVERSUBSCRIBED_ENV}={forced}"
+    return ("oversubscribed: waits yield every "
+            f"{POLLS_SHARED} polls ({how})" if shared else f"one core per rank ({how})")
 
 
 def _recorder_state() -> str:

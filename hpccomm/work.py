@@ -8,9 +8,10 @@ out of a staging buffer, divide for AVG) and may return a value (a receive's sou
 :func:`poll` and builds no Work at all; ``async_op=True`` wraps the triple in a Work.
 
 Waiting spins on ``test()`` and never sleeps: a kernel wake-up costs 50-65 us on these
-machines, against ~2 us for a small all-reduce. Every 64 polls it checks the deadline and
-yields the core (``sched_yield``, not a sleep) so oversubscribed ranks still progress.
-When the deadline passes, the error names the operation, its
+machines, against ~2 us for a small all-reduce. Every few polls it checks the deadline
+and yields the core (``sched_yield``, not a sleep): rarely when each rank has a core of
+its own, often when ranks outnumber cores, so that the rank being waited for runs (see
+:func:`set_oversubscribed`). When the deadline passes, the error names the operation, its
 sequence number, the group, the ranks, sizes and dtype, and how long it waited; then the
 registered timeout hooks (roll call, flight recorder) run.
 """
@@ -37,9 +38,17 @@ timeout_hooks: List[Callable[["Work", float], None]] = []
 
 _PENDING, _DONE, _FAILED = 0, 1, 2
 
-#: Polls between two deadline checks, each followed by a ``sched_yield`` so that
-#: oversubscribed ranks still progress.
-_polls_per_check = 64
+#: Polls between two deadline checks, each followed by a ``sched_yield``. 64 when every
+#: rank has a core (a yield there returns at once); 4 when ranks outnumber cores, where
+#: measured 4-rank/2-core latency is best with frequent yields (and ~200x worse without).
+POLLS_ALONE, POLLS_SHARED = 64, 4
+_polls_per_check = POLLS_ALONE
+
+
+def set_oversubscribed(shared: bool) -> None:
+    """Tell the poll loop whether this rank shares its core with other ranks."""
+    global _polls_per_check
+    _polls_per_check = POLLS_SHARED if shared else POLLS_ALONE
 
 
 def poll(test: Callable[[], bool], limit: Optional[float]) -> float:

@@ -96,6 +96,20 @@ def test_poll_reports_the_seconds_waited_when_the_limit_passes():
     assert 0.03 <= waited < 5.0
 
 
+def test_oversubscribed_ranks_check_and_yield_more_often():
+    from hpccomm import work
+
+    before = work._polls_per_check
+    try:
+        work.set_oversubscribed(True)
+        assert work._polls_per_check == work.POLLS_SHARED
+        work.set_oversubscribed(False)
+        assert work._polls_per_check == work.POLLS_ALONE
+        assert work.POLLS_SHARED < work.POLLS_ALONE
+    finally:
+        work._polls_per_check = before
+
+
 def test_as_work_wraps_a_host_triple_and_keeps_a_work():
     from hpccomm.work import as_work
 

@@ -140,3 +140,28 @@ def test_availability_queries():
     assert isinstance(hpccomm.is_nccl_available(), bool)
     with pytest.raises(ValueError):
         hpccomm.get_default_backend_for_device("tpu")
+
+
+@pytest.mark.parametrize("forced, expected", [("1", "POLLS_SHARED"), ("0", "POLLS_ALONE"),
+                                              ("", None)])
+def test_waits_yield_often_when_ranks_outnumber_cpus(forced, expected):
+    """init measures ranks per node against the CPUs they may use; the env var overrides."""
+    result = run_program("""
+        import os, hpccomm as dist
+        from hpccomm import work
+        dist.init_process_group()
+        cpus = len(os.sched_getaffinity(0))
+        line = (work._polls_per_check, work.POLLS_SHARED, work.POLLS_ALONE, cpus,
+                dist.get_world_size())
+        os.write(1, (" ".join(map(str, line)) + "\\n").encode())  # one write per line
+        dist.destroy_process_group()
+    """, n=3, env={"HPCCOMM_OVERSUBSCRIBED": forced})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3
+    for line in lines:
+        polls, shared, alone, cpus, ranks = map(int, line.split())
+        if expected is None:  # measured: 3 unpinned ranks against this machine's CPUs
+            assert polls == (shared if ranks > cpus else alone)
+        else:
+            assert polls == {"POLLS_SHARED": shared, "POLLS_ALONE": alone}[expected]

@@ -18,6 +18,7 @@ translate, free), so that no other module touches mpi4py.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -328,6 +329,24 @@ def node_local(comm: Any) -> Tuple[int, int]:
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def node_cores(comm: Any) -> Tuple[int, int]:
+    """``(ranks of comm on this node, CPUs they may run on together)``; collective.
+
+    The CPUs are the union of the node's ranks' affinity masks, so ranks pinned one per
+    core count as many CPUs as ranks, and unpinned ranks count the whole node.
+    """
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        getaffinity = getattr(os, "sched_getaffinity", None)
+        mine = sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
+        cpus = set()
+        for mask in local.allgather(mine):
+            cpus.update(mask)
+        return local.Get_size(), len(cpus)
     finally:
         local.Free()
 
