@@ -88,14 +88,21 @@ def same_dtype(pg: ProcessGroup, op: str, expected: Any, arr: Any, what: str) ->
                            f"of one operation share a dtype)")
 
 
-def apart(arr: Any, out: Any) -> Any:
-    """``arr``, or a copy of it if it overlaps ``out`` (MPI forbids aliased send and
-    receive buffers). Both are contiguous, so overlapping address ranges mean shared
-    memory; two NumPy arrays that own their memory never overlap."""
+def apart(arr: Any, out: Any, block: Optional[int] = None) -> Any:
+    """``arr`` as a send buffer beside the receive buffer ``out``: itself, or a copy if the
+    two overlap (MPI forbids aliased buffers). With ``block`` given, ``None`` when ``arr``
+    is block ``block`` of ``out`` (``MPI_IN_PLACE``; in a group of one, ``out`` itself).
+
+    Both are contiguous, so overlapping address ranges mean shared memory. Two NumPy
+    arrays that own their memory never overlap, which settles the common case at once.
+    """
     if arr is not out and (type(arr) is ndarray and arr.base is None and
                            type(out) is ndarray and out.base is None):
         return arr
     start, other = address(arr), address(out)
+    if block is not None and (arr is out or (arr.size and
+                                             start == other + block * arr.nbytes)):
+        return None
     if arr.nbytes and out.nbytes and start < other + out.nbytes and other < start + arr.nbytes:
         return arr.copy()
     return arr

@@ -111,18 +111,13 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     """
     op = "all_gather_into_tensor"
     pg = resolve(group, op)
-    comm, out, arr = _call.pair(pg, op, output_tensor, input_tensor, "output_tensor", "input_tensor")
+    comm, out, arr = _call.pair(pg, op, output_tensor, input_tensor, "output_tensor",
+                                "input_tensor")
     size = pg.size()
     if out.size != arr.size * size:
         raise pg.error(op, f"output_tensor has {out.size} elements, expected "
                            f"{size} x {arr.size} (group size x input size)")
-    # In place when the input is this rank's block of the output (or, in a group of one,
-    # the output itself). A NumPy array that owns its memory can be a block of nothing
-    # else, so the (slow) address arithmetic runs only for views.
-    in_place = arr is out or (
-        arr.size and (type(arr) is not _call.ndarray or arr.base is not None)
-        and _call.address(arr) == _call.address(out) + pg.rank() * arr.nbytes)
-    send = None if in_place else _call.apart(arr, out)
+    send = _call.apart(arr, out, block=pg.rank())  # None: in place
     return _call.launch(pg, op, comm.all_gather, (send, out, None), arr, async_op,
                         result=(output_tensor,))
 
