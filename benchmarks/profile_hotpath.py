@@ -1,7 +1,9 @@
 """Where hpccomm's microseconds go: the all_reduce hot path, piece by piece.
 
 Runs in ONE process (a world of one: ``python benchmarks/profile_hotpath.py``), where the
-MPI call itself is nearly free, so what remains is the Python layer. Every piece is timed
+MPI call itself is nearly free, so what remains is the Python layer: each operation
+against its raw nonblocking call + ``Test`` (what it wraps), and the all_reduce path
+piece by piece. Every piece is timed
 with the thread's CPU clock (``time.thread_time_ns``: immune to other processes taking the
 core on this shared 2-core machine), best of 7 loops of 20,000 calls, minus nothing (the
 cost of calling an empty lambda is listed as its own row). Also counts the Python-level
@@ -47,25 +49,20 @@ def main():
     except (ImportError, AttributeError):
         dist.init_process_group(store=_NullStore())
     from hpccomm import _call
-    from hpccomm.types import ReduceOp, RedOpType, split_op
-    from hpccomm.work import Work
-    from hpccomm.backends import mpi as backend
-    collectives = sys.modules["hpccomm.collectives"]
+    from hpccomm.group import resolve
+    from hpccomm.types import ReduceOp, RedOpType
+    from hpccomm.work import Work, poll
     pg = sys.modules["hpccomm.group"].registry.world
     cpu = pg.cpu
     comm = MPI.COMM_WORLD.Dup()
-    a = np.zeros(2, np.float32)
-    IN_PLACE, FLOAT = MPI.IN_PLACE, MPI.FLOAT
+    a, b = np.zeros(2, np.float32), np.zeros(2, np.float32)
+    IN_PLACE, FLOAT, MPI_SUM = MPI.IN_PLACE, MPI.FLOAT, MPI.SUM
     SUM = RedOpType.SUM
-    plans = backend._PLANS
-    plans.get((a.dtype, SUM)) or backend._plan(a.dtype, SUM)
+    dist.all_reduce(a)  # validates (SUM, float32) once: later calls hit the cache
 
     def spin(req):
         while not req.Test():
             pass
-
-    def launch_only():
-        _call.launch(pg, "all_reduce", lambda *args: Work(), (), a, True)
 
     pieces = [
         ("empty lambda call (loop overhead, included in every row)", lambda: None),
@@ -79,32 +76,43 @@ def main():
         ("hpccomm all_reduce(a) (sync)", lambda: dist.all_reduce(a)),
         ("hpccomm all_reduce(a, async_op=True).wait()",
          lambda: dist.all_reduce(a, async_op=True).wait()),
-        ("  collectives._group(None)", lambda: collectives._group(None, "all_reduce")),
-        ("  _call.array(pg, op, a)", lambda: _call.array(pg, "all_reduce", a)),
-        ("  _call.reduction(pg, op, SUM, dtype)",
-         lambda: _call.reduction(pg, "all_reduce", ReduceOp.SUM, a.dtype)),
-        ("    types.split_op(SUM)", lambda: split_op(SUM)),
-        ("    hash(RedOpType.SUM) (Enum.__hash__ is Python code)", lambda: hash(SUM)),
-        ("    RedOpType.SUM (class attribute load)", lambda: RedOpType.SUM),
-        ("    (dtype, kind) in dict/set", lambda: (a.dtype, SUM) in plans),
-        ("  backend MPICommunicator.all_reduce(a, SUM, None) + Work.wait()",
-         lambda: cpu.all_reduce(a, SUM, None).wait()),
-        ("    Work(test) construction", lambda: Work(bool)),
-        ("    Work(lambda: True).wait() (construct + wait + _complete)",
-         lambda: Work(_true).wait()),
-        ("  _call.launch bookkeeping (with Work() construction)", launch_only),
-        ("  time.monotonic()", time.monotonic),
+        ("  group.resolve(None)", lambda: resolve(None, "all_reduce")),
+        ("  _call.reduce_operand(pg, op, a, SUM) (array + op checks)",
+         lambda: _call.reduce_operand(pg, "all_reduce", a, ReduceOp.SUM)),
+        ("  backend all_reduce(a, SUM, None) -> (test, finish, keep); test()",
+         lambda: cpu.all_reduce(a, SUM, None)[0]()),
+        ("  _call.launch(...) sync: backend call + seq + test (+ poll)",
+         lambda: _call.launch(pg, "all_reduce", cpu.all_reduce, (a, SUM, None), a, False,
+                              result=(a,))),
+        ("  _call.launch(...) async: + Work construction and stamps, then wait()",
+         lambda: _call.launch(pg, "all_reduce", cpu.all_reduce, (a, SUM, None), a, True,
+                              result=(a,)).wait()),
+        ("    Work(test) construction", lambda: Work(_true)),
+        ("    Work(test).wait() (construct + wait + complete)", lambda: Work(_true).wait()),
+        ("    work.poll(test, limit) when test() is already true", lambda: poll(_true, 1.0)),
+        ("    numpy: a.flags", lambda: a.flags),
+        ("    pg.seq += 1", lambda: _bump(pg)),
+        ("    time.monotonic()", time.monotonic),
+        ("    os.sched_yield() (each deadline check when ranks share cores)", os.sched_yield),
     ]
-    # a lean sketch of the same sync/async all_reduce (same checks, same MPI calls, same
-    # deadline spin) to show what the Python layer can cost; NOT library code
+    # every measured operation, sync, against its raw nonblocking call + Test (1 rank)
+    ops = [
+        ("broadcast", lambda: dist.broadcast(a, 0),
+         lambda: spin(comm.Ibcast([a, FLOAT], 0))),
+        ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(b, a),
+         lambda: spin(comm.Iallgather([a, FLOAT], [b, FLOAT]))),
+        ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(b, a),
+         lambda: spin(comm.Ireduce_scatter_block([a, FLOAT], [b, FLOAT], MPI_SUM))),
+        ("all_to_all_single", lambda: dist.all_to_all_single(b, a),
+         lambda: spin(comm.Ialltoall([a, FLOAT], [b, FLOAT]))),
+        ("barrier", lambda: dist.barrier(), lambda: spin(comm.Ibarrier())),
+    ]
+    for name, hp, raw in ops:
+        pieces += [(f"hpccomm {name} (sync)", hp), (f"raw nonblocking {name} + Test() spin", raw)]
+    # a lean sketch of the same sync all_reduce (same checks, same MPI call, same deadline
+    # spin, every helper inlined) to show the floor of a Python layer; NOT library code
     lean = _lean_all_reduce(pg, cpu.comm)
-    pieces += [
-        ("  numpy: a.flags (flags object)", lambda: a.flags),
-        ("  numpy: a.flags.c_contiguous", lambda: a.flags.c_contiguous),
-        ("  pg.seq += 1", lambda: _bump(pg)),
-        ("LEAN SKETCH sync all_reduce (same checks, deadline spin)", lambda: lean(a)),
-        ("LEAN SKETCH async all_reduce + wait", lambda: lean(a, async_op=True).wait()),
-    ]
+    pieces += [("LEAN SKETCH sync all_reduce (checks and poll inlined)", lambda: lean(a))]
     rows = []
     for name, fn in pieces:
         ns = cpu_ns(fn)
@@ -142,11 +150,10 @@ def _bump(pg):
 
 
 def _lean_all_reduce(pg, comm):
-    """A minimal all_reduce with hpccomm's semantics for the common case (see main)."""
-    import os
-    from hpccomm.types import RedOpType
-    from hpccomm.backends.mpi import _PLANS, _plan
+    """A minimal sync all_reduce with hpccomm's semantics for the common case (see main)."""
+    from hpccomm.backends.mpi import _plan
     from hpccomm.errors import DistTimeoutError
+    from hpccomm.types import RedOpType
     ndarray = np.ndarray
     IN_PLACE = MPI.IN_PLACE
     monotonic = time.monotonic
@@ -157,33 +164,8 @@ def _lean_all_reduce(pg, comm):
         mpitype, mpiop, _ = _plan(dtype, SUM)
         cache[(SUM, dtype)] = (mpitype, mpiop)
 
-    class LeanWork:
-        __slots__ = ("_test", "_done", "_info")
-
-        def __init__(self, test, info):
-            self._test, self._done, self._info = test, False, info
-
-        def wait(self):
-            if not self._done:
-                _spin(self._test, self._info)
-                self._done = True
-            return True
-
-    def _spin(test, info):
-        if test():
-            return
-        deadline = monotonic() + info[0].timeout
-        polls = 0
-        while not test():
-            polls += 1
-            if polls == 64:
-                polls = 0
-                sched_yield()
-                if monotonic() > deadline:
-                    raise DistTimeoutError(f"all_reduce seq {info[2]} timed out")
-
     def all_reduce(tensor, op=SUM, group=None, async_op=False):
-        if group is not None or type(tensor) is not ndarray:
+        if group is not None or async_op or type(tensor) is not ndarray:
             return dist.all_reduce(tensor, op, group, async_op)  # general path
         plan = cache.get((op, tensor.dtype))
         flags = tensor.flags
@@ -191,10 +173,17 @@ def _lean_all_reduce(pg, comm):
             return dist.all_reduce(tensor, op, group, async_op)  # general path
         test = comm.Iallreduce(IN_PLACE, [tensor, plan[0]], plan[1]).Test
         pg.seq += 1
-        info = (pg, "all_reduce", pg.seq, tensor)
-        if async_op:
-            return LeanWork(test, info)
-        _spin(test, info)
+        if test():
+            return None
+        deadline = monotonic() + pg.timeout
+        polls = 0
+        while not test():
+            polls += 1
+            if polls == 64:
+                polls = 0
+                sched_yield()
+                if monotonic() > deadline:
+                    raise DistTimeoutError(f"all_reduce seq {pg.seq} timed out")
         return None
     return all_reduce
 

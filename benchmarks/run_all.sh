@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Regenerate every benchmark number, the plot and the tables of docs/performance.md.
-#   benchmarks/run_all.sh            (PYTHON=/path/to/python to choose the interpreter;
-#                                     MPIEXEC defaults to the mpiexec next to it)
+#   benchmarks/run_all.sh            (PYTHON=/path/to/python to choose the interpreter,
+#                                     default the README's .venv; MPIEXEC defaults to the
+#                                     mpiexec next to it)
+# Needs torch==2.13.0 and matplotlib in that environment: pip install -e '.[test,bench]'.
 # Takes about 10 minutes on the idle 2-core reference machine (much longer under load).
 # Extra arguments (e.g. --budget 0.25) go to benchmarks/collectives.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-/tmp/venv/bin/python}
+PYTHON=${PYTHON:-.venv/bin/python}
 MPIEXEC=${MPIEXEC:-$(dirname "$PYTHON")/mpiexec}
 mkdir -p docs
 echo "== hot path profile (1 process)"; "$PYTHON" benchmarks/profile_hotpath.py

@@ -1,4 +1,4 @@
-"""The ``hpccomm`` command (also ``python -m hpccomm``): ``run`` and ``info``.
+"""The ``hpccomm`` command (also ``python -m hpccomm``): ``run``, ``info`` and ``bench``.
 
 ``hpccomm run -n 4 train.py --epochs 3`` starts ``train.py`` on 4 ranks with srun inside
 a Slurm allocation, else with mpiexec; each rank gets torchrun's ``RANK``,
@@ -6,6 +6,8 @@ a Slurm allocation, else with mpiexec; each rank gets torchrun's ``RANK``,
 rank aborts the whole job. The launcher process replaces itself with the launcher
 (``exec``), so signals and the exit status are the launcher's own; it never
 initializes MPI. ``hpccomm info`` prints the environment for bug reports.
+``hpccomm bench -n 2`` measures hpccomm against raw mpi4py on this machine's MPI
+(:mod:`hpccomm.bench`), started the way ``run`` starts a script.
 """
 from __future__ import annotations
 
@@ -43,6 +45,20 @@ def _parser() -> argparse.ArgumentParser:
                      help="print the launcher command instead of running it")
     run.add_argument("target", metavar="TARGET", help="script.py, or a module with -m")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for TARGET")
+    from . import bench  # light: NumPy only; MPI starts on the ranks
+
+    timing = commands.add_parser(
+        "bench", parents=[bench.parser()], add_help=False, conflict_handler="resolve",
+        help="time hpccomm against raw mpi4py (and torch gloo) on N ranks",
+        description="Time hpccomm against raw mpi4py on the same buffers, interleaved in "
+                    "one job started like 'hpccomm run' (srun in Slurm, else mpiexec).")
+    timing.add_argument("-h", "--help", action="help", help="show this help and exit")
+    timing.add_argument("-n", "--nproc", "-np", dest="nproc", type=int, default=2,
+                        help="number of ranks (default 2)")
+    timing.add_argument("--launcher", choices=launch.LAUNCHERS, default="auto",
+                        help="auto (default): srun inside a Slurm allocation, else mpiexec")
+    timing.add_argument("--dry-run", action="store_true",
+                        help="print the launcher command instead of running it")
     info = commands.add_parser("info", help="print versions and environment for a bug report")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.add_argument("--no-mpi", action="store_true",
@@ -51,7 +67,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_command(args: argparse.Namespace) -> List[str]:
-    """The launcher command line for ``hpccomm run`` arguments."""
+    """The launcher command line for ``hpccomm run`` (or ``hpccomm bench``) arguments."""
+    if args.command == "bench":
+        target = ["-m", "hpccomm.bench", "--ops", args.ops, "--sizes", args.sizes,
+                  "--budget", str(args.budget)] + (["--gloo"] if args.gloo else [])
+        return launch.build_command(target, nprocs=args.nproc, launcher=args.launcher)
     extra = [word for text in args.launcher_args for word in shlex.split(text)]
     target = (["-m"] if args.module else []) + [args.target, *args.args]
     return launch.build_command(target, nprocs=args.nproc, launcher=args.launcher,
@@ -65,15 +85,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import info
 
         return info.main(as_json=args.json, mpi=not args.no_mpi)
+    if args.command == "bench":
+        from . import bench
+
+        try:
+            bench.options(args)  # a bad --ops/--sizes fails here, not on every rank
+        except Exception as exc:
+            print(f"hpccomm bench: {exc}", file=sys.stderr)
+            return 2
     try:
         command = run_command(args)
     except launch.LaunchError as exc:
-        print(f"hpccomm run: {exc}", file=sys.stderr)
+        print(f"hpccomm {args.command}: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(shlex.join(command))
         return 0
-    if args.no_abort_on_exception:
+    if getattr(args, "no_abort_on_exception", False):
         os.environ["HPCCOMM_NO_ABORT_ON_EXCEPTION"] = "1"
     sys.stdout.flush()
     sys.stderr.flush()

@@ -193,6 +193,43 @@ def test_run_errors_are_reported():
         launch.build_command(["x.py"], nprocs=0, launcher="mpiexec")
 
 
+# -- hpccomm bench ------------------------------------------------------------------------
+def test_bench_measures_hpccomm_against_mpi4py_on_two_ranks():
+    result = hpccomm("bench", "-n", "2", "--ops", "all_reduce,send_recv", "--sizes", "8,1K",
+                     "--budget", "0.02")
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()
+            if line.startswith(("all_reduce ", "send_recv "))]
+    assert [(row[0], " ".join(row[1:3])) for row in rows] == [
+        ("all_reduce", "8 B"), ("all_reduce", "1 KiB"), ("send_recv", "8 B"),
+        ("send_recv", "1 KiB")]
+    for row in rows:  # hpccomm, async, mpi4py, mpi4py nb (µs), then mpi4py/hpccomm time
+        times, ratio = [float(x) for x in row[3:7]], float(row[7])
+        assert all(t > 0 for t in times) and 0 < ratio < 100
+    assert "2 ranks" in result.stdout and "gloo" not in result.stdout
+
+
+def test_bench_options_are_checked_before_starting_ranks():
+    dry = hpccomm("bench", "--dry-run", "-n", "4", "--ops", "all", "--sizes", "8,2M")
+    assert dry.returncode == 0, dry.stderr
+    words = dry.stdout.split()
+    assert words[1:3] == ["-n", "4"] and words[-7:] == [
+        "hpccomm.bench", "--ops", "all", "--sizes", "8,2M", "--budget", "0.5"]
+    bad = hpccomm("bench", "--ops", "all_reduce,teleport")
+    assert bad.returncode == 2 and "unknown operation(s) teleport" in bad.stderr
+    bad = hpccomm("bench", "--sizes", "8,lots")
+    assert bad.returncode == 2 and "not a size" in bad.stderr
+
+
+def test_bench_sizes_read_like_nccl_tests():
+    from hpccomm.bench import parse_size, size_text
+
+    assert [parse_size(s) for s in ("8", "4K", "4KiB", "2M", "2MB", "1G")] == [
+        8, 4096, 4096, 2 << 20, 2 << 20, 1 << 30]
+    assert [size_text(n) for n in (8, 4096, 3 << 20, 1000)] == ["8 B", "4 KiB", "3 MiB",
+                                                                 "1000 B"]
+
+
 # -- the per-rank bootstrap -------------------------------------------------------------
 def test_torchrun_env_from_each_launcher(capsys):
     hydra = {"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}

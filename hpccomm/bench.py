@@ -1,0 +1,362 @@
+"""``hpccomm bench``: hpccomm against raw mpi4py (and torch gloo) on this machine's MPI.
+
+Run under a launcher (``hpccomm bench -n 2`` does it), one process per rank::
+
+    mpiexec -n 2 python -m hpccomm.bench --ops all_reduce --sizes 8,1M
+
+For each operation and size the variants run interleaved in ONE job, on the same NumPy
+buffers: rounds of one batch per variant, in an order that rotates each round, each batch
+after a barrier. A sample is the batch time / batch length, the maximum over ranks (an
+operation is done when the slowest rank has it); the result is the median over rounds
+and the best round. Variants:
+
+* ``hpccomm``       ``dist.all_reduce(a)``: synchronous, never-hang timeout on
+* ``hpccomm_async`` ``dist.all_reduce(a, async_op=True).wait()``
+* ``mpi4py``        mpi4py's uppercase blocking call (``comm.Allreduce``): the floor
+* ``mpi4py_nb``     the same nonblocking call + ``Wait`` (``comm.Iallreduce(...).Wait()``)
+* ``gloo``          ``torch.distributed`` with the gloo backend (``--gloo``; needs torch)
+
+Sizes follow nccl-tests: all_gather's is the whole output, reduce_scatter's the whole
+input, all_to_all's the whole per-rank buffer, with element counts rounded up to a
+multiple of the group size. ``busbw = size / time * factor`` (:data:`BUS_FACTOR`).
+send/recv is a ping-pong in pairs (0,1), (2,3)...; its time is half the round trip.
+``benchmarks/collectives.py`` drives this module for the committed report.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+KiB, MiB = 1024, 1024 * 1024
+DEFAULT_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 2 * MiB, 16 * MiB, 64 * MiB]
+OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+       "all_to_all_single", "send_recv"]
+VARIANTS = ["hpccomm", "hpccomm_async", "mpi4py", "mpi4py_nb", "gloo"]
+#: nccl-tests' bus-bandwidth factors, by group size ``n``.
+BUS_FACTOR: Dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "all_gather_into_tensor": lambda n: (n - 1) / n,
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "all_to_all_single": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+}
+
+
+def init_gloo(comm: Any) -> Any:
+    """``torch.distributed`` on gloo over loopback TCP, port chosen by rank 0."""
+    import torch
+    import torch.distributed as td
+
+    torch.set_num_threads(1)
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                          rank=comm.rank, world_size=comm.size)
+    return td
+
+
+def make_case(op: str, nbytes: int, comm: Any, td: Any = None
+              ) -> Tuple[int, Dict[str, Callable[[], Any]], Any]:
+    """``(bytes, {variant: one operation}, buffers to keep)`` for ``op`` at ``nbytes``.
+
+    Every variant works on the same NumPy buffers; gloo on ``torch.from_numpy`` views.
+    """
+    import hpccomm as dist
+    from mpi4py import MPI
+
+    n, rank = comm.size, comm.rank
+    in_place = MPI.IN_PLACE
+    count = max(1, nbytes // 4)
+    if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
+        count = -(-count // n) * n
+    fns: Dict[str, Callable[[], Any]] = {}
+    view = _torch_view if td is not None else (lambda a: None)
+    if op == "all_reduce":
+        a = np.zeros(count, np.float32)
+        t = view(a)
+        fns["hpccomm"] = lambda: dist.all_reduce(a)
+        fns["hpccomm_async"] = lambda: dist.all_reduce(a, async_op=True).wait()
+        fns["mpi4py"] = lambda: comm.Allreduce(in_place, a)
+        fns["mpi4py_nb"] = lambda: comm.Iallreduce(in_place, a).Wait()
+        fns["gloo"] = lambda: td.all_reduce(t)
+        keep: Any = (a, t)
+    elif op == "broadcast":
+        a = np.zeros(count, np.float32)
+        t = view(a)
+        fns["hpccomm"] = lambda: dist.broadcast(a, 0)
+        fns["hpccomm_async"] = lambda: dist.broadcast(a, 0, async_op=True).wait()
+        fns["mpi4py"] = lambda: comm.Bcast(a, 0)
+        fns["mpi4py_nb"] = lambda: comm.Ibcast(a, 0).Wait()
+        fns["gloo"] = lambda: td.broadcast(t, 0)
+        keep = (a, t)
+    elif op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
+        big, small = np.zeros(count, np.float32), np.zeros(count // n, np.float32)
+        if op == "all_gather_into_tensor":
+            out, inp = big, small
+            hp, raw, rawnb = (dist.all_gather_into_tensor, comm.Allgather, comm.Iallgather)
+            mpi_args = (inp, out)
+        elif op == "reduce_scatter_tensor":
+            out, inp = small, big
+            hp, raw, rawnb = (dist.reduce_scatter_tensor, comm.Reduce_scatter_block,
+                              comm.Ireduce_scatter_block)
+            mpi_args = (inp, out)
+        else:
+            out, inp = big, np.zeros(count, np.float32)
+            hp, raw, rawnb = dist.all_to_all_single, comm.Alltoall, comm.Ialltoall
+            mpi_args = (inp, out)
+        tout, tinp = view(out), view(inp)
+        fns["hpccomm"] = lambda: hp(out, inp)
+        fns["hpccomm_async"] = lambda: hp(out, inp, async_op=True).wait()
+        fns["mpi4py"] = lambda: raw(*mpi_args)
+        fns["mpi4py_nb"] = lambda: rawnb(*mpi_args).Wait()
+        fns["gloo"] = lambda: getattr(td, op)(tout, tinp)
+        keep = (out, inp, tout, tinp)
+    elif op == "send_recv":
+        a = np.zeros(count, np.float32)
+        t = view(a)
+        fns.update(_ping_pong(dist, comm, td, a, t, rank, n))
+        keep = (a, t)
+    else:
+        raise ValueError(f"unknown operation {op!r}; choose from {', '.join(OPS)}")
+    return count * 4, fns, keep
+
+
+def _torch_view(a: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(a)
+
+
+def _ping_pong(dist: Any, comm: Any, td: Any, a: np.ndarray, t: Any, rank: int,
+               n: int) -> Dict[str, Callable[[], Any]]:
+    """Send then receive (even ranks) or receive then send (odd), with rank ^ 1."""
+    peer = rank ^ 1
+    if peer >= n:  # an odd last rank idles
+        return {v: (lambda: None) for v in VARIANTS}
+    pairs = {
+        "hpccomm": (lambda: dist.send(a, peer), lambda: dist.recv(a, peer)),
+        "hpccomm_async": (lambda: dist.isend(a, peer).wait(),
+                          lambda: dist.irecv(a, peer).wait()),
+        "mpi4py": (lambda: comm.Send(a, peer), lambda: comm.Recv(a, peer)),
+        "mpi4py_nb": (lambda: comm.Isend(a, peer).Wait(), lambda: comm.Irecv(a, peer).Wait()),
+        "gloo": (lambda: td.send(t, peer), lambda: td.recv(t, peer)),
+    }
+
+    def round_trip(send: Callable[[], Any], recv: Callable[[], Any]) -> Callable[[], Any]:
+        if rank % 2 == 0:
+            return lambda: (send(), recv())
+        return lambda: (recv(), send())
+    return {v: round_trip(*pair) for v, pair in pairs.items()}
+
+
+def batch_time(comm: Any, fn: Callable[[], Any], inner: int) -> float:
+    """Seconds per operation of ``inner`` back-to-back calls, after a barrier."""
+    comm.Barrier()
+    t0 = time.perf_counter_ns()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter_ns() - t0) / inner * 1e-9
+
+
+def measure(comm: Any, fns: Dict[str, Callable[[], Any]], nbytes: int, budget: float = 0.5,
+            batch: float = 5e-4, min_rounds: int = 7, max_rounds: int = 100
+            ) -> Tuple[Dict[str, int], int, Dict[str, float], Dict[str, float]]:
+    """``(batch length per variant, rounds, median s, best s)``, maximum over ranks.
+
+    The MPI variants share one batch length (set by the raw blocking call, so each pays
+    the same barrier skew), gloo gets its own; batches last ``batch`` seconds, and at
+    least 20 operations up to 1 MiB so a disturbed calibration cannot leave barrier skew
+    unamortized. As many rounds as fit ``budget`` seconds, within the bounds.
+    """
+    from mpi4py import MPI
+
+    for fn in fns.values():  # warm-up: registration, first touch, caches
+        for _ in range(3):
+            fn()
+    inner: Dict[str, int] = {}
+    for v in ("mpi4py", "gloo"):
+        if v not in fns:
+            continue
+        one = comm.allreduce(min(batch_time(comm, fns[v], 10) for _ in range(3)), op=MPI.MAX)
+        inner[v] = max(1, min(5000, int(batch / max(one, 1e-9))))
+        if nbytes <= MiB:
+            inner[v] = max(inner[v], 10 if v == "gloo" else 20)
+    for v in fns:
+        inner.setdefault(v, inner.get("mpi4py", 20))
+    per_round = sum(comm.allreduce(batch_time(comm, fn, inner[v]), op=MPI.MAX) * inner[v]
+                    for v, fn in fns.items())
+    rounds = int(min(max_rounds, max(min_rounds, budget / max(per_round, 1e-9))))
+    names = list(fns)
+    samples = {v: np.empty(rounds) for v in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for v in names[k:] + names[:k]:  # rotate the order every round
+            samples[v][r] = batch_time(comm, fns[v], inner[v])
+    median, best = {}, {}
+    for v in names:
+        worst = np.empty_like(samples[v])
+        comm.Allreduce(samples[v], worst, op=MPI.MAX)
+        median[v], best[v] = float(np.median(worst)), float(np.min(worst))
+    return inner, rounds, median, best
+
+
+def size_text(n: int) -> str:
+    for unit, scale in (("MiB", MiB), ("KiB", KiB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def parse_size(text: str) -> int:
+    """``"8"``, ``"4K"``, ``"2M"`` / ``"2MiB"``, ``"1G"`` -> bytes."""
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": KiB, "M": MiB, "G": 1024 * MiB}.get(text[-1:], 1)
+    number = text[:-1] if scale > 1 else text
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8, 4K, 2M)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
+    return value
+
+
+def run(ops: Sequence[str], sizes: Sequence[int], td: Any = None, budget: float = 0.5,
+        report: Optional[Callable[[Dict[str, Any]], None]] = None) -> List[Dict[str, Any]]:
+    """Measure every (op, size); one row per cell (times in µs, bandwidths in GB/s).
+
+    Collective over ``MPI.COMM_WORLD``; initializes hpccomm if needed. ``td`` is an
+    initialized ``torch.distributed`` (gloo) to compare with, or ``None``. ``report(row)``
+    is called on every rank as each row is done.
+    """
+    import hpccomm as dist
+    from mpi4py import MPI
+
+    if not dist.is_initialized():
+        dist.init_process_group()
+    comm = MPI.COMM_WORLD.Dup()
+    gloo = td is not None
+    variants = [v for v in VARIANTS if gloo or v != "gloo"]
+    rows = []
+    for op in ops:
+        for nbytes in sizes:
+            actual, fns, keep = make_case(op, nbytes, comm, td)
+            inner, rounds, median, best = measure(
+                comm, {v: fns[v] for v in variants}, nbytes, budget)
+            del keep
+            row: Dict[str, Any] = dict(op=op, ranks=comm.size, bytes=actual, rounds=rounds,
+                                       inner="/".join(str(inner[v]) for v in variants))
+            for v in variants:
+                row[f"{v}_us"] = median[v] * 1e6
+            for v in variants:
+                row[f"{v}_min_us"] = best[v] * 1e6
+            for v in variants:
+                algbw = actual / median[v] / 1e9
+                row[f"{v}_algbw_GBs"] = algbw
+                row[f"{v}_busbw_GBs"] = algbw * BUS_FACTOR[op](comm.size)
+            row["hpccomm_over_mpi4py_bw"] = median["mpi4py"] / median["hpccomm"]
+            row["hpccomm_async_over_mpi4py_bw"] = median["mpi4py"] / median["hpccomm_async"]
+            if gloo:
+                row["gloo_over_hpccomm_time"] = median["gloo"] / median["hpccomm"]
+            rows.append(row)
+            if report is not None:
+                report(row)
+    comm.Free()
+    return rows
+
+
+def format_row(row: Dict[str, Any]) -> str:
+    """One line of the table ``hpccomm bench`` prints."""
+    cells = [f"{row['op']:22s}", f"{size_text(row['bytes']):>8s}"]
+    for v in VARIANTS:
+        if f"{v}_us" in row:
+            cells.append(f"{row[f'{v}_us']:10.2f}")
+    cells.append(f"{row['hpccomm_over_mpi4py_bw']:8.3f}")
+    if "gloo_over_hpccomm_time" in row:
+        cells.append(f"{row['gloo_over_hpccomm_time']:8.1f}x")
+    return " ".join(cells)
+
+
+def header(gloo: bool) -> str:
+    names = ["hpccomm", "async", "mpi4py", "mpi4py nb"] + (["gloo"] if gloo else [])
+    tail = ["hp/mpi bw"] + (["gloo/hp"] if gloo else [])
+    return " ".join([f"{'operation':22s}", f"{'size':>8s}"] + [f"{n:>10s}" for n in names] +
+                    [f"{t:>8s}" for t in tail]) + "\n" + " " * 32 + "(median µs per operation)"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options of ``hpccomm bench`` / ``python -m hpccomm.bench``."""
+    p = argparse.ArgumentParser(
+        prog="hpccomm bench", description="hpccomm against raw mpi4py (and torch gloo) on "
+                                          "the same buffers, interleaved in one job.")
+    p.add_argument("--ops", default="all_reduce",
+                   help=f"comma-separated, or 'all' ({', '.join(OPS)}); default all_reduce")
+    p.add_argument("--sizes", default="8,4K,256K,2M",
+                   help="comma-separated byte sizes (8, 4K, 2M...), or 'all' (8 B to 64 MiB "
+                        "in powers of 8); default 8,4K,256K,2M")
+    p.add_argument("--budget", type=float, default=0.5,
+                   help="seconds of measuring per (operation, size); default 0.5")
+    p.add_argument("--gloo", action="store_true",
+                   help="also measure torch.distributed's gloo backend (needs torch)")
+    return p
+
+
+def options(args: argparse.Namespace) -> Tuple[List[str], List[int]]:
+    """The operations and sizes that parsed arguments ask for (a clear error otherwise)."""
+    ops = OPS if args.ops == "all" else [op.strip() for op in args.ops.split(",") if op.strip()]
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown operation(s) {', '.join(unknown)}; "
+                                         f"choose from {', '.join(OPS)}")
+    sizes = DEFAULT_SIZES if args.sizes == "all" else [parse_size(s) for s in
+                                                       args.sizes.split(",") if s.strip()]
+    return ops, sizes
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run on every rank (under a launcher); rank 0 prints the table."""
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        ops, sizes = options(args)
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    from mpi4py import MPI
+
+    import hpccomm as dist
+
+    rank = MPI.COMM_WORLD.rank
+    if MPI.COMM_WORLD.size < 2:
+        if rank == 0:
+            print("hpccomm bench: needs at least 2 ranks (hpccomm bench -n 2)", file=sys.stderr)
+        return 2
+
+    def show(row: Dict[str, Any]) -> None:
+        if rank == 0:
+            print(format_row(row), flush=True)
+    if rank == 0:
+        print(f"# {MPI.COMM_WORLD.size} ranks; "
+              f"{' '.join(MPI.Get_library_version().split()[:3])}; hpccomm "
+              f"{dist.__version__}", flush=True)
+        print(header(args.gloo), flush=True)
+    dist.init_process_group()
+    td = init_gloo(MPI.COMM_WORLD) if args.gloo else None
+    run(ops, sizes, td=td, budget=args.budget, report=show)
+    if td is not None:
+        td.destroy_process_group()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
