@@ -1,10 +1,12 @@
 """Collectives and point-to-point transfers of picklable Python objects.
 
-Objects are pickled to bytes and moved in two steps over the group's CPU (MPI)
-communicator, whatever ``device`` says: first the byte counts, then the bytes. Every
-step is an ordinary hpccomm operation, so timeouts and error messages apply as for
-arrays. As in torch, unpickling runs code chosen by the sender: only exchange objects
-with processes you trust (your own job's ranks).
+Objects are pickled to bytes and moved over the group's CPU (MPI) communicator,
+whatever ``device`` says: first the byte counts, then the bytes. ``broadcast_object_list``
+and ``all_gather_object`` send each rank's count in a fixed slot of :data:`SLOT` bytes
+that also carries the pickle when it fits, so small objects (the usual metadata) take one
+collective instead of two. Every step is an ordinary hpccomm operation, so timeouts and
+error messages apply as for arrays. As in torch, unpickling runs code chosen by the
+sender: only exchange objects with processes you trust (your own job's ranks).
 """
 from __future__ import annotations
 
@@ -19,9 +21,17 @@ from .group import GroupLike, ProcessGroup, resolve
 _HEADER_TAG = p2p.INTERNAL_TAG
 _PAYLOAD_TAG = p2p.INTERNAL_TAG + 1
 
+#: Bytes per rank in the first round: an int64 byte count, then the pickle if it fits.
+SLOT = 256
+_INLINE = SLOT - 8
+
+
+def _pickle(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
 
 def _dumps(obj: Any) -> np.ndarray:
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    return np.frombuffer(_pickle(obj), np.uint8)
 
 
 def _loads(payload: np.ndarray) -> Any:
@@ -32,9 +42,28 @@ def _run(pg: ProcessGroup, op: str, start: Any, args: tuple, arr: Any) -> None:
     _call.launch(pg, op, start, args, arr, False)
 
 
-def _blocks(payload: np.ndarray, sizes: np.ndarray) -> List[Any]:
+def _slot(data: Optional[bytes]) -> np.ndarray:
+    """A first-round slot: the byte count (int64, little-endian), then the pickle if it
+    fits. ``None`` (a receiving rank) gives an empty, writable slot."""
+    if data is None:
+        return np.zeros(SLOT, np.uint8)
+    inline = data if len(data) <= _INLINE else b""
+    return np.frombuffer(len(data).to_bytes(8, "little") + inline +
+                         bytes(_INLINE - len(inline)), np.uint8)
+
+
+def _unslot(raw: bytes, offset: int = 0) -> "tuple[int, Optional[Any]]":
+    """``(byte count, object)`` of the slot at ``offset``; the object is ``None`` when the
+    pickle did not fit (it comes in a second round)."""
+    size = int.from_bytes(raw[offset:offset + 8], "little")
+    if size > _INLINE:
+        return size, None
+    return size, pickle.loads(raw[offset + 8:offset + 8 + size])
+
+
+def _blocks(payload: np.ndarray, sizes: Any) -> List[Any]:
     objects, offset = [], 0
-    for size in sizes.tolist():
+    for size in list(sizes):
         objects.append(_loads(payload[offset:offset + size]))
         offset += size
     return objects
@@ -49,20 +78,22 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
     root = _call.root(pg, op, src, group_src, "src")
     if not isinstance(object_list, list):
         raise pg.error(op, f"object_list must be a list, got {type(object_list).__name__}")
-    size = np.zeros(1, dtype=np.int64)
-    if pg.rank() == root:
-        payload = _dumps(list(object_list))
-        size[0] = payload.size
-    _run(pg, op, pg.cpu.broadcast, (size, root), size)
-    if pg.rank() != root:
-        payload = np.empty(int(size[0]), dtype=np.uint8)
-    _run(pg, op, pg.cpu.broadcast, (payload, root), payload)
-    if pg.rank() != root:
-        received = _loads(payload)
-        if len(received) != len(object_list):
-            raise pg.error(op, f"object_list has {len(object_list)} entries here but "
-                               f"{len(received)} on the source rank")
-        object_list[:] = received
+    at_root = pg.rank() == root
+    data = _pickle(list(object_list)) if at_root else None
+    slot = _slot(data)
+    _run(pg, op, pg.cpu.broadcast, (slot, root), slot)
+    size, received = _unslot(slot.tobytes())
+    if size > _INLINE:  # too big for the slot: a second broadcast with the whole pickle
+        payload = np.frombuffer(data, np.uint8) if at_root else np.empty(size, np.uint8)
+        _run(pg, op, pg.cpu.broadcast, (payload, root), payload)
+        if not at_root:
+            received = _loads(payload)
+    if at_root:
+        return
+    if len(received) != len(object_list):
+        raise pg.error(op, f"object_list has {len(object_list)} entries here but "
+                           f"{len(received)} on the source rank")
+    object_list[:] = received
 
 
 def all_gather_object(object_list: List[Any], obj: Any, group: GroupLike = None) -> None:
@@ -70,12 +101,19 @@ def all_gather_object(object_list: List[Any], obj: Any, group: GroupLike = None)
     op = "all_gather_object"
     pg = resolve(group, op)
     _call.count_list(pg, op, object_list, "object_list")
-    payload = _dumps(obj)
-    mine = np.array([payload.size], dtype=np.int64)
-    sizes = np.empty(pg.size(), dtype=np.int64)
-    _run(pg, op, pg.cpu.all_gather, (mine, sizes, None), mine)
-    gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
-    _run(pg, op, pg.cpu.all_gather, (payload, gathered, sizes.tolist()), payload)
+    data = _pickle(obj)
+    mine = _slot(data)
+    slots = np.empty(pg.size() * SLOT, np.uint8)
+    _run(pg, op, pg.cpu.all_gather, (mine, slots, None), mine)
+    raw = slots.tobytes()
+    found = [_unslot(raw, offset) for offset in range(0, len(raw), SLOT)]
+    sizes = [size for size, _ in found]
+    if max(sizes) <= _INLINE:  # every pickle came in its slot
+        object_list[:] = [item for _, item in found]
+        return
+    gathered = np.empty(sum(sizes), np.uint8)
+    payload = np.frombuffer(data, np.uint8)
+    _run(pg, op, pg.cpu.all_gather, (payload, gathered, sizes), payload)
     object_list[:] = _blocks(gathered, sizes)
 
 

@@ -22,6 +22,25 @@ def test_all_gather_object_with_uneven_sizes(dist, rank, size):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("big", ["none", "one", "all"])
+def test_objects_larger_than_the_first_round_slot(dist, rank, size, big):
+    """Pickles that do not fit hpccomm.objects.SLOT take a second round; all ranks agree."""
+    from hpccomm.objects import SLOT
+
+    length = 4 * SLOT if big == "all" or (big == "one" and rank == size - 1) else 3
+    gathered = [None] * size
+    dist.all_gather_object(gathered, ("r", rank, "y" * length))
+    expected = [("r", r, "y" * (4 * SLOT if big == "all" or (big == "one" and r == size - 1)
+                              else 3)) for r in range(size)]
+    assert gathered == expected
+    objects = [None, None]
+    if rank == 0:
+        objects = [big, "z" * (4 * SLOT if big != "none" else 3)]
+    dist.broadcast_object_list(objects, src=0)
+    assert objects == [big, "z" * (4 * SLOT if big != "none" else 3)]
+
+
+@pytest.mark.mpi(min_size=2)
 def test_gather_object_to_non_zero_rank(dist, rank, size):
     dst = size - 1
     out = [None] * size if rank == dst else None
