@@ -7,8 +7,8 @@ Run under an MPI launcher (2 and 4 ranks)::
 The measurement itself is :mod:`hpccomm.bench` (what ``hpccomm bench`` runs): every
 process initializes both hpccomm (MPI) and torch.distributed with the gloo backend, and
 for each operation and size the five variants (hpccomm sync and async+wait, mpi4py's
-blocking call, its nonblocking call + Wait, gloo) run in rotating rounds on the same
-buffers; a sample is the batch time / batch length, maximum over ranks; reported are the
+blocking call, its nonblocking call + Wait, gloo) run in rounds, in a random order drawn
+afresh each round, on the same buffers; a sample is the batch time / batch length, maximum over ranks; reported are the
 median (``*_us``) and the best round (``*_min_us``). See that module for the method.
 
 This script adds what the report needs: a CSV and a JSON of the run's metadata, object
@@ -78,9 +78,10 @@ def object_case(comm, torch, td, rounds=30):
             inner = max(1, min(100, int(500e-6 / max(slowest, 1e-9))))
             samples = {v: np.empty(rounds) for v in fns}
             names = list(fns)
+            order = np.random.default_rng(seed=8)  # same random order on every rank
             for r in range(rounds):
-                k = r % len(names)
-                for v in names[k:] + names[:k]:
+                for index in order.permutation(len(names)):
+                    v = names[index]
                     samples[v][r] = batch_time(comm, fns[v], inner)
             med = {}
             for v in names:

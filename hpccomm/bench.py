@@ -5,8 +5,8 @@ Run under a launcher (``hpccomm bench -n 2`` does it), one process per rank::
     mpiexec -n 2 python -m hpccomm.bench --ops all_reduce --sizes 8,1M
 
 For each operation and size the variants run interleaved in ONE job, on the same NumPy
-buffers: rounds of one batch per variant, in an order that rotates each round, each batch
-after a barrier. A sample is the batch time / batch length, the maximum over ranks (an
+buffers: rounds of one batch per variant, in a random order drawn afresh each round (the
+same on every rank), each batch after a barrier. A sample is the batch time / batch length, the maximum over ranks (an
 operation is done when the slowest rank has it); the result is the median over rounds
 and the best round. Variants:
 
@@ -198,9 +198,12 @@ def measure(comm: Any, fns: Dict[str, Callable[[], Any]], nbytes: int, budget: f
     rounds = int(min(max_rounds, max(min_rounds, budget / max(per_round, 1e-9))))
     names = list(fns)
     samples = {v: np.empty(rounds) for v in names}
+    order = np.random.default_rng(seed=8)  # the same sequence on every rank
     for r in range(rounds):
-        k = r % len(names)
-        for v in names[k:] + names[:k]:  # rotate the order every round
+        # a fresh random order each round: a rotation would keep every variant behind the
+        # same neighbour (behind gloo, whose threads still run as it returns, every time)
+        for index in order.permutation(len(names)):
+            v = names[index]
             samples[v][r] = batch_time(comm, fns[v], inner[v])
     median, best = {}, {}
     for v in names:
