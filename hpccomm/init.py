@@ -244,7 +244,7 @@ def _share_cores(mpi: Any, world_comm: Any) -> str:
     local, cpus = mpi.node_cores(world_comm)
     shared = forced == "1" if forced in ("0", "1") else local > cpus
     set_oversubscribed(shared)
-    how = f"{local} ranks on {cpus} CPUs of this node"
+    how = f"{local} rank{'s' if local != 1 else ''} on {cpus} CPUs of this node"
     if forced in ("0", "1"):
         how += f", {OVERSUBSCRIBED_ENV}={forced}"
     return ("oversubscribed: waits yield every "

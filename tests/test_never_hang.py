@@ -301,5 +301,6 @@ def test_info_level_logs_initialization_facts():
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     for fact in ("rank 0/1 initialized", "MPI library:", "thread level MPI_THREAD_",
-                 "backends", "store", "flight recorder last 2000 ops"):
+                 "backends", "store", "flight recorder last 2000 ops",
+                 "cores: one core per rank (1 rank on"):
         assert fact in done.stderr, (fact, done.stderr)
