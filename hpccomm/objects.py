@@ -82,14 +82,16 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
     data = _pickle(list(object_list)) if at_root else None
     slot = _slot(data)
     _run(pg, op, pg.cpu.broadcast, (slot, root), slot)
-    size, received = _unslot(slot.tobytes())
-    if size > _INLINE:  # too big for the slot: a second broadcast with the whole pickle
-        payload = np.frombuffer(data, np.uint8) if at_root else np.empty(size, np.uint8)
-        _run(pg, op, pg.cpu.broadcast, (payload, root), payload)
-        if not at_root:
-            received = _loads(payload)
     if at_root:
+        if len(data) > _INLINE:  # too big for the slot: a second broadcast with it all
+            payload = np.frombuffer(data, np.uint8)
+            _run(pg, op, pg.cpu.broadcast, (payload, root), payload)
         return
+    size, received = _unslot(slot.tobytes())
+    if size > _INLINE:
+        payload = np.empty(size, np.uint8)
+        _run(pg, op, pg.cpu.broadcast, (payload, root), payload)
+        received = _loads(payload)
     if len(received) != len(object_list):
         raise pg.error(op, f"object_list has {len(object_list)} entries here but "
                            f"{len(received)} on the source rank")

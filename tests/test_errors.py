@@ -76,3 +76,42 @@ def test_errors_are_runtime_and_value_errors(dist):
         dist.broadcast(np.zeros(1), src=-5)
     with pytest.raises(ValueError):
         dist.broadcast(np.zeros(1), src=-5)
+
+
+def test_failures_on_the_synchronous_path_are_described(dist, rank):
+    """A sync call builds no Work; when its poll fails or times out, the error still names
+    the operation, its sequence number, the rank and the group (a Work is made then)."""
+    from hpccomm import _call
+    from hpccomm.group import resolve
+
+    pg = resolve(None, "test")
+    x = np.zeros(3, dtype=np.float32)
+
+    def broken():
+        raise OSError("link down")
+
+    with pytest.raises(hpccomm.DistBackendError) as info:
+        _call.launch(pg, "all_reduce", lambda: (broken, None, None), (), x, False)
+    message = str(info.value)
+    assert f"all_reduce (seq {pg.seq})" in message and f"rank {rank}/" in message
+    assert "shape (3,) float32" in message and "link down" in message
+    assert isinstance(info.value.__cause__, OSError)
+
+    alone, _ = dist.new_subgroups(group_size=1)  # no roll call traffic between ranks
+    with pytest.raises(hpccomm.DistTimeoutError) as info:
+        _call.launch(alone, "broadcast", lambda: (lambda: False, None, None), (), x, False,
+                     peer=rank, timeout=0.05)
+    message = str(info.value)
+    assert f"broadcast (seq {alone.seq}) with peer {rank}" in message
+    assert "timed out" in message and "timeout 0.05 s" in message
+    assert f"'{alone.group_name}'" in message
+    dist.destroy_process_group(alone)
+
+    def copy_out_fails():
+        raise ValueError("cannot copy")
+    with pytest.raises(hpccomm.DistBackendError, match="cannot copy"):
+        _call.launch(pg, "all_gather", lambda: (lambda: True, None, None), (), x, False,
+                     after=copy_out_fails)
+    done = []
+    assert _call.launch(pg, "recv", lambda: (lambda: True, lambda: 7, None), (), x, False,
+                        after=lambda: done.append(1)) == 7 and done == [1]
