@@ -21,7 +21,7 @@ from ._arrays import _FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistBackendError, DistError
 from .group import ProcessGroup
 from .types import DebugLevel, RedOpType, split_op
-from .work import Work, poll
+from .work import Work, chain, poll
 
 ndarray = np.ndarray
 _monotonic = time.monotonic
@@ -256,11 +256,11 @@ def _work(started: Any, pg: ProcessGroup, op: str, seq: int, arr: Any, peer: Opt
     """The Work of a started operation, stamped with what it is (errors, recorder)."""
     if type(started) is tuple:
         test, finish, held = started
-        work = Work(test, _then(finish, after), held if keep is None else (held, keep))
+        work = Work(test, chain(finish, after), held if keep is None else (held, keep))
     else:  # a backend's own Work (NCCL: completion is ordered on a CUDA stream)
         work = started
         if after is not None:
-            work._finish = _then(work._finish, after)
+            work._finish = chain(work._finish, after)
         if keep is not None:
             work._keep = (work._keep, keep)
     work.seq = seq
@@ -276,21 +276,6 @@ def _work(started: Any, pg: ProcessGroup, op: str, seq: int, arr: Any, peer: Opt
         work.t_start = _monotonic()
         recorder(work)
     return work
-
-
-def _then(first: Optional[Callable[[], Any]], step: Optional[Callable[[], Any]]
-          ) -> Optional[Callable[[], Any]]:
-    """One finishing step: ``first`` then ``step``, with ``first``'s value."""
-    if step is None:
-        return first
-    if first is None:
-        return step
-
-    def both() -> Any:
-        value = first()
-        step()
-        return value
-    return both
 
 
 def detail_checks_on() -> bool:

@@ -69,6 +69,22 @@ def poll(test: Callable[[], bool], limit: Optional[float]) -> float:
     return 0.0
 
 
+def chain(first: Optional[Callable[[], Any]], then: Optional[Callable[[], Any]]
+          ) -> Optional[Callable[[], Any]]:
+    """One finishing step: ``first``, then ``then``, returning ``first``'s value (a
+    receive's source); either may be ``None``."""
+    if then is None:
+        return first
+    if first is None:
+        return then
+
+    def both() -> Any:
+        value = first()
+        then()
+        return value
+    return both
+
+
 def as_work(outcome: "Started | Work") -> "Work":
     """A backend operation's outcome as a Work (a host-side triple is wrapped)."""
     return outcome if isinstance(outcome, Work) else Work(*outcome)

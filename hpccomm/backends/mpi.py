@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from ..errors import DistBackendError
 from ..types import RedOpType
-from ..work import Started, Work
+from ..work import Started, Work, chain
 from .base import Communicator
 
 IN_PLACE = MPI.IN_PLACE
@@ -118,19 +118,6 @@ class MPICommunicator(Communicator):
             return average
         return None
 
-    @staticmethod
-    def _chain(*steps):
-        steps = [step for step in steps if step is not None]
-        if not steps:
-            return None
-        if len(steps) == 1:
-            return steps[0]
-
-        def run() -> None:
-            for step in steps:
-                step()
-        return run
-
     # -- collectives ----------------------------------------------------------------
     def broadcast(self, buf: np.ndarray, root: int) -> Started:
         mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)
@@ -150,7 +137,7 @@ class MPICommunicator(Communicator):
         if kind is _PREMUL_SUM:
             _premultiply(tmp, factor, out=tmp)
         req = self.comm.Iallreduce(IN_PLACE, [tmp, mpitype], op)
-        return req.Test, self._chain(self._post(tmp, kind), _copy_back(tmp, buf)), tmp
+        return req.Test, chain(self._post(tmp, kind), _copy_back(tmp, buf)), tmp
 
     def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Started:
         mpitype, op, stage = _PLANS[kind].get(buf.dtype) or _plan(buf.dtype, kind)
@@ -163,7 +150,7 @@ class MPICommunicator(Communicator):
                 work_buf = _premultiply(buf, factor)
         if at_root:
             req = self.comm.Ireduce(IN_PLACE, [work_buf, mpitype], op, root)
-            finish = self._chain(self._post(work_buf, kind),
+            finish = chain(self._post(work_buf, kind),
                                  None if work_buf is buf else _copy_back(work_buf, buf))
             return req.Test, finish, work_buf
         req = self.comm.Ireduce([work_buf, mpitype], None, op, root)
@@ -221,7 +208,7 @@ class MPICommunicator(Communicator):
         else:
             req = self.comm.Ireduce_scatter([work_send, mpitype], [work_recv, mpitype],
                                             list(counts), op)
-        finish = self._chain(self._post(work_recv, kind),
+        finish = chain(self._post(work_recv, kind),
                              None if work_recv is recv else _copy_back(work_recv, recv))
         return req.Test, finish, (work_send, work_recv)
 

@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..types import RedOpType
-from ..work import Started
+from ..work import Started, chain
 from . import _cuda
 from .base import Communicator
 from .mpi import MPICommunicator, _plan
@@ -46,14 +46,10 @@ def cuda_aware_mpi() -> bool:
 
 
 def _then(started: Started, step: Any, keep: Any) -> Started:
-    """``started`` with ``step`` run after its own finishing step; ``keep`` kept alive."""
+    """``started`` with ``step`` (or nothing) after its own finishing step; ``keep`` kept
+    alive until then."""
     test, first, held = started
-
-    def both() -> Any:
-        value = first() if first is not None else None
-        step()
-        return value
-    return test, both, (held, keep)
+    return test, chain(first, step), (held, keep)
 
 
 class MPICudaCommunicator(Communicator):
@@ -175,7 +171,7 @@ class MPICudaCommunicator(Communicator):
             self._sync()
             return self.inner.send(buf, dst, tag)
         host = self._host(buf)
-        return _then(self.inner.send(host, dst, tag), lambda: None, host)
+        return _then(self.inner.send(host, dst, tag), None, host)
 
     def recv(self, buf: Any, src: Optional[int], tag: int) -> Started:
         if self._direct(None, buf.dtype):
