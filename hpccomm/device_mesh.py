@@ -1,33 +1,55 @@
 """DeviceMesh: torch's n-dimensional arrangement of ranks, on MPI Cartesian topologies.
 
-A root mesh owns one MPI Cartesian communicator (``MPI_Cart_create``, ``reorder=False``,
-so the user's rank order is kept), made when the mesh is made. A mesh dimension's group
-is a ``MPI_Cart_sub`` of it, made the first time it is asked for and then kept, so a
-mesh makes no communicator that is never used. The first ``get_group`` of a dimension
-(or of a flattened dimension) is therefore *collective over the whole mesh*: every rank
-of the mesh must ask for it, in the same order; call ``get_all_groups()`` right after
-creating the mesh when later code asks for groups on some ranks only.
+A root mesh keeps its global ranks as one flat *rank map*; each mesh dimension (sliced,
+flattened or unflattened) is a layout over positions in it (see :mod:`._mesh_layout`),
+as in torch, so slicing and flattening follow torch's rules. Making a mesh communicates
+nothing; its groups are made on first use, as sub-communicators of one MPI Cartesian
+communicator of the mesh (see :mod:`._mesh_groups`).
 
-Meshes sliced (``mesh["dp"]``) or flattened (``mesh["dp", "cp"]._flatten()``) from a root
-share its communicators. A mesh dimension is stored as the tuple of root dimensions it
-spans (several once flattened), which is also the key of its group.
+So the first ``get_group`` of a dimension is *collective over the mesh's ranks*: every
+rank of the mesh asks for it, in the same order. Call ``get_all_groups()`` right after
+creating the mesh when later code asks for groups on some ranks only. A rank outside
+the mesh gets ``GroupMember.NON_GROUP_MEMBER`` and communicates nothing.
 """
 from __future__ import annotations
 
+import math
+import os
+import threading
+import warnings
+from itertools import zip_longest
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import rendezvous
+from . import _mesh_layout as layouts
+from ._mesh_groups import DEFAULT as _DEFAULT
+from ._mesh_groups import BackendSpec, MeshGroups
+from ._mesh_layout import Layout
 from .errors import DistError, DistValueError
-from .group import ProcessGroup, _mpi, from_communicator, new_group, registry, resolve
+from .group import ProcessGroup, _backend_map, registry, resolve
 
-Axis = Tuple[int, ...]  # the root dimensions one mesh dimension spans, ascending
+__all__ = ["init_device_mesh", "DeviceMesh"]
+
 MeshDim = Union[int, str, None]
 
 
+class _MeshKeyError(DistError, KeyError):
+    """A ``KeyError``, as torch raises for unknown dimension names, with a plain message."""
+
+    __str__ = Exception.__str__
+
+
+class _MeshIndexError(DistError, IndexError):
+    """A dimension index out of range (torch: ``IndexError``)."""
+
+
+class _MeshTypeError(DistError, TypeError):
+    """A missing or wrongly typed argument (torch: ``TypeError``)."""
+
+
 def _world(op: str) -> ProcessGroup:
-    """The default group, initialized as torch does when the mesh is made first."""
+    """The default group, initialized as torch does when a mesh is made first."""
     if registry.world is None:
         from .init import init_process_group
 
@@ -35,128 +57,191 @@ def _world(op: str) -> ProcessGroup:
     return resolve(None, op)
 
 
-def _check_device(device_type: Any, op: str) -> str:
-    if not isinstance(device_type, str) or not device_type.isalpha():
-        raise DistValueError(f"hpccomm.{op}: device_type must be a device type such as "
-                             f"'cpu' or 'cuda' without an index, got {device_type!r}")
-    return device_type
+def _rank_array(mesh: Any, op: str) -> np.ndarray:
+    """The mesh argument (list, NumPy/CuPy array, torch tensor) as an int64 array."""
+    ranks = np.array(mesh.tolist() if hasattr(mesh, "tolist") else mesh)
+    if ranks.dtype.kind == "f" and ranks.size and np.all(ranks == np.round(ranks)):
+        ranks = ranks.astype(np.int64)  # torch converts with dtype=int too
+    if ranks.ndim == 0 or ranks.size == 0 or ranks.dtype.kind not in "iu":
+        raise DistValueError(f"hpccomm.{op}: mesh must be a non-empty n-D array of integer "
+                             f"global ranks, got {mesh!r}")
+    return ranks.astype(np.int64)
 
 
-def _check_names(names: Any, ndim: int, op: str) -> Optional[Tuple[str, ...]]:
-    if not names:
-        return None
-    names = tuple(names)
-    if not all(isinstance(name, str) for name in names):
-        raise DistValueError(f"hpccomm.{op}: mesh_dim_names must be strings, got {names}")
-    if len(set(names)) != len(names):
-        raise DistValueError(f"hpccomm.{op}: each mesh_dim_name must be unique, got {names}")
-    if len(names) != ndim:
-        raise DistValueError(f"hpccomm.{op}: {len(names)} mesh_dim_names {names} for a "
-                             f"{ndim}-D mesh")
-    return names
+def _backend_spec(value: Any, op: str) -> BackendSpec:
+    """An override entry (name, options, ``(name, options)`` or None) as a BackendSpec.
+
+    Options objects are torch's ``Backend.Options``: their ``_timeout`` (or ``timeout``)
+    becomes the group's timeout, as torch passes it on; the rest does not apply to MPI.
+    """
+    if value is None:
+        return _DEFAULT
+    name, options = (value if isinstance(value, tuple) else
+                     (value, None) if isinstance(value, str) else (None, value))
+    if name is not None:
+        _backend_map(name, op)  # an unknown backend fails now, not at first use
+    timeout = getattr(options, "_timeout", getattr(options, "timeout", None))
+    if timeout is not None and hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    return (name, timeout)
 
 
-def _backend_name(spec: Any) -> Optional[str]:
-    """The backend of an override entry: a name, ``(name, options)`` or options only."""
-    if isinstance(spec, tuple):
-        spec = spec[0] if spec else None
-    return spec if isinstance(spec, str) or spec is None else None
+def _normalize_backend_override(overrides: Dict[Any, Any], ndim: int,
+                                names: Optional[Tuple[str, ...]], op: str
+                                ) -> Tuple[Any, ...]:
+    """One override entry per dimension (None: default), from a dict keyed as torch's:
+    dimension indices or names, never both for one dimension."""
+    left = dict(overrides)
+    specs: List[Any] = []
+    for index, name in zip_longest(range(ndim), names or ()):
+        if name is not None and name in left:
+            if index in left:
+                raise DistValueError(f"hpccomm.{op}: Found redundant dim index {index} and "
+                                     f"name {name} in backend_override")
+            specs.append(left.pop(name))
+        elif index in left:
+            specs.append(left.pop(index))
+        else:
+            specs.append(None)
+    if left:
+        raise DistValueError(f"hpccomm.{op}: Found invalid keys in backend_override: got "
+                             f"{list(left)}, expected integers in range [0, {ndim}) or one "
+                             f"of {names or ()}")
+    return tuple(specs)
+
+
+class _MeshEnv(threading.local):
+    """torch's ``_mesh_resources``: the stack of meshes entered with ``with mesh:``."""
+
+    def __init__(self) -> None:
+        self.mesh_stack: List["DeviceMesh"] = []
+
+    def get_current_mesh(self) -> "DeviceMesh":
+        if not self.mesh_stack:
+            raise DistError("hpccomm.DeviceMesh: No device mesh is currently active! "
+                            "(enter one with `with mesh:`)")
+        return self.mesh_stack[-1]
+
+    def get_root_mesh(self, device_mesh: "DeviceMesh") -> "DeviceMesh":
+        warnings.warn("This get_root_mesh API will be deprecated soon. Please use "
+                      "`_get_root_mesh` inside DeviceMesh instead.", stacklevel=2)
+        return device_mesh._get_root_mesh() if device_mesh else device_mesh
+
+    def _get_all_submeshes(self, device_mesh: "DeviceMesh",
+                           mesh_dim_name: str) -> List["DeviceMesh"]:
+        warnings.warn("This _get_all_submeshes API will be deprecated soon. Please use "
+                      "`_get_all_submeshes` inside DeviceMesh instead.", stacklevel=2)
+        return device_mesh._get_all_submeshes(mesh_dim_name)
+
+
+_mesh_resources = _MeshEnv()
 
 
 class DeviceMesh:
     """An n-D array of global ranks with one process group per dimension, as torch's.
 
-    ``mesh`` gives the ranks (any order; it is kept). Every rank of the world makes the
-    mesh (it is collective over the world); ranks absent from ``mesh`` get a mesh whose
-    ``get_coordinate()`` is ``None`` and whose groups raise a clear error.
+    ``mesh`` gives the ranks (any order; it is kept; a subset of the world is allowed).
+    Making a mesh communicates nothing; groups are made on first use (see the module
+    docstring). On a rank outside the mesh ``get_coordinate()`` is ``None`` and its
+    groups are ``GroupMember.NON_GROUP_MEMBER``.
     """
 
     def __init__(self, device_type: str, mesh: Any = None, *,
                  mesh_dim_names: Optional[Tuple[str, ...]] = None,
                  backend_override: Optional[Sequence[Any]] = None,
-                 _init_backend: bool = True) -> None:
+                 _init_backend: bool = True, _rank: Optional[int] = None,
+                 _layout: Optional[Sequence[Layout]] = None, _rank_map: Any = None,
+                 _root_mesh: Optional["DeviceMesh"] = None) -> None:
         op = "DeviceMesh"
-        _check_device(device_type, op)
-        if mesh is None:
-            raise DistValueError(f"hpccomm.{op}: mesh (an array of global ranks) is required")
-        world = _world(op)
-        ranks = np.array(mesh.tolist() if hasattr(mesh, "tolist") else mesh)
-        if ranks.ndim == 0 or ranks.size == 0 or ranks.dtype.kind not in "iu":
-            raise world.error(op, f"mesh must be a non-empty array of integer global ranks, "
-                                  f"got {mesh!r}")
-        ranks = ranks.astype(np.int64)
-        size = world.size()
-        if ranks.size > size:
-            raise world.error(op, f"mesh of shape {ranks.shape} has {ranks.size} ranks, more "
-                                  f"than the world's {size}: a mesh is not bigger than the world")
-        bad = [int(r) for r in ranks.flat if not 0 <= r < size]
-        if bad:
-            raise world.error(op, f"mesh ranks {bad} are not global ranks (world size {size})")
-        if len(np.unique(ranks)) != ranks.size:
-            raise world.error(op, f"mesh {ranks.tolist()} lists a rank more than once")
-        names = _check_names(mesh_dim_names, ranks.ndim, op)
-        overrides = tuple(backend_override or (None,) * ranks.ndim)
-        if len(overrides) != ranks.ndim:
-            raise world.error(op, f"backend_override has {len(overrides)} entries for a "
-                                  f"{ranks.ndim}-D mesh")
-        self._setup(device_type, (), names, None)
-        self._root = self
-        self._axes = tuple((d,) for d in range(ranks.ndim))
-        self._ranks = ranks
-        self._rank = world.rank()
-        found = np.argwhere(ranks == self._rank)
-        self._root_coord = tuple(int(c) for c in found[0]) if len(found) else None
-        self._cart: Optional[ProcessGroup] = None
-        self._cart_backend: Optional[str] = None
-        self._groups: Dict[Axis, ProcessGroup] = {}
-        self._backends: Dict[Axis, Optional[str]] = {
-            (d,): _backend_name(spec) for d, spec in enumerate(overrides)}
-        self._flatten_mapping: Dict[str, DeviceMesh] = {}
-        self._key = (tuple(int(r) for r in ranks.flat), self._layout(), device_type, names)
-        if device_type not in world.backend_names and not any(self._backends.values()):
-            raise world.error(op, f"no backend for device type '{device_type}' (backends: "
-                                  f"{world.backend_string()})")
-        if _init_backend:
-            self._cart = self._make_cart(world)
-
-    def _setup(self, device_type: str, axes: Tuple[Axis, ...],
-               names: Optional[Tuple[str, ...]], root: Optional["DeviceMesh"]) -> None:
+        if mesh is not None:
+            if _layout is not None or _rank_map is not None:
+                raise _MeshTypeError(f"hpccomm.{op}: Cannot provide _layout and/or _rank_map "
+                                     f"if passing explicit mesh")
+            ranks = _rank_array(mesh, op)
+            dims = layouts.row_major(ranks.shape)
+            rank_map = ranks.ravel()
+        else:
+            if _layout is None or _rank_map is None:
+                raise _MeshTypeError(f"hpccomm.{op}: The mesh argument is required except "
+                                     f"for PRIVATE USAGE ONLY! (pass the array of global "
+                                     f"ranks as mesh=)")
+            dims = tuple(layouts.coalesce(dim) for dim in _layout)
+            rank_map = np.asarray(_rank_map, dtype=np.int64).ravel()
+        if not layouts.is_orthogonal(layouts.concat(dims)) or (
+                layouts.cosize(layouts.concat(dims)) > rank_map.size):
+            raise DistValueError(f"hpccomm.{op}: the dimensions {dims} overlap or reach past "
+                                 f"the {rank_map.size} ranks of the mesh")
         self._device_type = device_type
-        self._mesh_dim_names = names
-        if root is not None:
-            self._root, self._axes = root, axes
-            self._key = (root._key[0], self._layout(), device_type, names)
+        self._dims: Tuple[Layout, ...] = dims
+        self._shape = tuple(int(s) for s in (ranks.shape if mesh is not None else
+                                             (layouts.numel(d) for d in dims)))
+        self._rank_map = rank_map
+        self._flatten_rank_map = tuple(int(r) for r in rank_map)
+        self._mesh_dim_names = self._check_names(mesh_dim_names, op)
+        self._root_mesh = _root_mesh
+        self._backends = self._check_overrides(backend_override, op)
+        self._flatten_mapping: Dict[str, DeviceMesh] = {}
+        self._hash: Optional[int] = None
+        if _root_mesh is None:
+            self._setup_root(_init_backend, _rank, op)
+        self._rank = self._root._rank
+        self._coordinate_on_dim = self._compute_coordinate()
 
-    @classmethod
-    def _sub(cls, root: "DeviceMesh", axes: Tuple[Axis, ...],
-             names: Optional[Tuple[str, ...]]) -> "DeviceMesh":
-        """A mesh of some (possibly flattened) dimensions of ``root``, sharing its groups."""
-        sub = cls.__new__(cls)
-        sub._setup(root._device_type, axes, names, root)
-        return sub
-
-    def _make_cart(self, world: ProcessGroup) -> Optional[ProcessGroup]:
-        """The root's Cartesian communicator as a group (collective over the world)."""
-        mpi = _mpi()
-        flat = self._ranks.ravel()
-        shape = self._ranks.shape
-        name = registry.unique_name(flat.tolist(), prefix="mesh")
-        try:
-            if np.array_equal(flat, np.arange(flat.size)):  # row-major prefix of the world
-                cart = mpi.cart_create(world.comm, shape)
-            else:  # user order: a Split puts the ranks in mesh order first
-                member = self._root_coord is not None
-                key = int(np.ravel_multi_index(self._root_coord, shape)) if member else 0
-                ordered = mpi.split(world.comm, 0 if member else None, key)
-                cart = mpi.cart_create(ordered, shape) if ordered is not None else None
-                mpi.free(ordered)
-        except Exception as exc:
-            raise world.error("DeviceMesh", f"creating the Cartesian communicator of mesh "
-                                            f"{self._ranks.tolist()} failed: {exc}") from exc
-        if cart is None:
+    def _check_names(self, names: Any, op: str) -> Optional[Tuple[str, ...]]:
+        if not names:
             return None
-        self._cart_backend = self._backends.get(self._all_axis())  # None: world's
-        return from_communicator(cart, name, backend=self._cart_backend, desc="mesh")
+        names = tuple(names)
+        if not all(isinstance(name, str) for name in names):
+            raise DistValueError(f"hpccomm.{op}: mesh_dim_names must be strings, got {names}")
+        if len(set(names)) != len(names):
+            raise DistValueError(f"hpccomm.{op}: Each mesh_dim_name must be unique. Found "
+                                 f"repeated mesh_dim_name in mesh_dim_names {names}")
+        if len(names) != len(self._dims):
+            raise DistValueError(f"hpccomm.{op}: mesh_shape and mesh_dim_names should have "
+                                 f"same length! Found len(mesh_dim_names): {len(names)} and "
+                                 f"len(mesh_shape):{len(self._dims)}.")
+        return names
+
+    def _check_overrides(self, overrides: Optional[Sequence[Any]], op: str
+                         ) -> Tuple[BackendSpec, ...]:
+        if overrides is None:
+            return (_DEFAULT,) * len(self._dims)
+        if len(overrides) != len(self._dims):
+            raise DistValueError(f"hpccomm.{op}: backend_override should have the same length "
+                                 f"as the number of mesh dimensions, but got {len(overrides)} "
+                                 f"and {len(self._dims)}.")
+        return tuple(_backend_spec(entry, op) for entry in overrides)
+
+    def _setup_root(self, init_backend: bool, rank: Optional[int], op: str) -> None:
+        """Root-only state: this rank's position, the group cache, the Cartesian parent."""
+        ranks = self._rank_map
+        if init_backend:
+            world = _world(op)
+            size = world.size()
+            if ranks.size > size:
+                raise world.error(op, f"Mesh should not be bigger than default world size "
+                                      f"{size}, but found {ranks.size} ranks!")
+            bad = [int(r) for r in ranks if not 0 <= r < size]
+            if bad:
+                raise world.error(op, f"mesh ranks {bad} are not global ranks (world size "
+                                      f"{size})")
+        if len(np.unique(ranks)) != ranks.size:
+            raise DistValueError(f"hpccomm.{op}: mesh {ranks.tolist()} lists a rank more "
+                                 f"than once")
+        self._rank = resolve(None, op).rank() if rank is None else int(rank)
+        found = np.flatnonzero(ranks == self._rank)
+        self._position: Optional[int] = int(found[0]) if found.size else None
+        self._groups = MeshGroups(ranks, self._shape, self._position, self._describe)
+        self._ready = init_backend  # False: no groups until given (from_group)
+
+    @property
+    def _root(self) -> "DeviceMesh":
+        return self._root_mesh if self._root_mesh is not None else self
+
+    @property
+    def _cart(self) -> Optional[ProcessGroup]:
+        """The root's Cartesian communicator, once a group has needed it."""
+        return self._root._groups.cart
 
     # -- what the mesh is -----------------------------------------------------------------
     @property
@@ -170,265 +255,357 @@ class DeviceMesh:
 
     @property
     def ndim(self) -> int:
-        return len(self._axes)
+        return len(self._dims)
 
     @property
     def shape(self) -> Tuple[int, ...]:
-        root_shape = self._root._ranks.shape
-        return tuple(int(np.prod([root_shape[d] for d in axis])) for axis in self._axes)
+        return self._shape
+
+    @property
+    def _layout(self) -> Tuple[Layout, ...]:
+        """Per dimension, its (size, stride) pairs over the root's rank map."""
+        return self._dims
 
     def size(self, mesh_dim: MeshDim = None) -> int:
         """The number of ranks in the mesh, or along dimension ``mesh_dim``."""
         if mesh_dim is None:
-            return int(np.prod(self.shape))
-        return self.shape[self._dim_index(mesh_dim, "size")]
+            return math.prod(self._shape)
+        return self._shape[self._dim_index(mesh_dim, "size")]
 
     @property
     def mesh(self) -> np.ndarray:
         """The global ranks of this mesh; of a slice, the slice holding this rank."""
-        full = self._full()
-        if full.shape[0] == 1:
-            return full[0]
-        rows = np.argwhere(full.reshape(full.shape[0], -1) == self._root._rank)
-        if len(rows):
-            return full[rows[0, 0]]
-        raise self._error("mesh", "this rank is not in the mesh, and a sliced mesh has one "
-                                  "array of ranks per slice")
-
-    def _full(self) -> np.ndarray:
-        """Every slice of the root along the dimensions not kept: (slices, *shape)."""
-        ranks = self._root._ranks
-        kept = [d for axis in self._axes for d in axis]
-        rest = [d for d in range(ranks.ndim) if d not in kept]
-        moved = np.transpose(ranks, rest + kept)
-        return moved.reshape((-1,) + self.shape)
-
-    def _layout(self) -> Tuple[Tuple[Tuple[int, int], ...], ...]:
-        """Per dimension, its (size, stride) pairs in the root's rank map, collapsed."""
-        shape = self._root._ranks.shape
-        strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
-        layout = []
-        for axis in self._axes:
-            pairs: List[Tuple[int, int]] = []
-            for d in axis:
-                if pairs and pairs[-1][1] == shape[d] * strides[d]:
-                    pairs[-1] = (pairs[-1][0] * shape[d], strides[d])
-                else:
-                    pairs.append((shape[d], strides[d]))
-            layout.append(tuple(pairs))
-        return tuple(layout)
-
-    def _all_axis(self) -> Axis:
-        return tuple(d for axis in self._axes for d in axis)
+        root = self._root
+        whole = layouts.concat(self._dims)
+        total = root._rank_map.size
+        if root._position is not None:
+            line = layouts.line_of(whole, total, root._position)
+        elif total == layouts.numel(whole):
+            line = layouts.offsets(whole)
+        else:
+            raise DistError(f"hpccomm.DeviceMesh.mesh on global rank {self._rank}: In order "
+                            f"to get the mesh Tensor of a DeviceMesh it needs to either have "
+                            f"all its original dimensions (e.g., no slicing) or it needs to "
+                            f"contain the local rank")
+        return root._rank_map[np.array(line, dtype=np.int64)].reshape(self._shape)
 
     def __repr__(self) -> str:
-        names = self._mesh_dim_names or tuple(f"dim_{i}" for i in range(self.ndim))
-        dims = ", ".join(f"{n}={s}" for n, s in zip(names, self.shape))
-        full = self._full()
-        shown = full[0] if full.shape[0] == 1 else full
-        return f"DeviceMesh(({dims}), '{self._device_type}', ranks={shown.tolist()})"
+        sizes = (f"({', '.join(f'{n}={s}' for n, s in zip(self._mesh_dim_names, self._shape))})"
+                 if self._mesh_dim_names else f"{self._shape}")
+        strides = tuple(dim[0][1] if len(dim) == 1 else tuple(s for _, s in dim)
+                        for dim in self._dims)
+        text = f"DeviceMesh({sizes}, '{self._device_type}', stride={strides}"
+        detail = {os.environ.get(v, "").upper() for v in
+                  ("HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG")}
+        if "DETAIL" in detail:
+            text += f", Mesh: {self._full_tolist()}"
+        return text + ")"
+
+    def _full_tolist(self) -> Any:
+        try:
+            return self.mesh.tolist()
+        except DistError:
+            return "(this rank is not in it)"
+
+    def _hash_key(self) -> Tuple[Any, ...]:
+        return (self._flatten_rank_map, self._dims, self._device_type, self._mesh_dim_names)
 
     def __eq__(self, other: object) -> bool:
-        """Same ranks, layout, device type and names, as torch compares meshes."""
+        """Same root ranks, dimension layouts, device type and names, as torch compares."""
         if self is other:
             return True
-        return isinstance(other, DeviceMesh) and self._key == other._key
+        return isinstance(other, DeviceMesh) and self._hash_key() == other._hash_key()
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        if self._hash is None:
+            self._hash = hash(self._hash_key())
+        return self._hash
+
+    def __enter__(self) -> "DeviceMesh":
+        _mesh_resources.mesh_stack.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _mesh_resources.mesh_stack.pop()
 
     # -- this rank --------------------------------------------------------------------------
     def get_rank(self) -> int:
         """This process's global rank."""
-        return self._root._rank
+        return self._rank
+
+    def _compute_coordinate(self) -> Optional[Tuple[int, ...]]:
+        if self._root._position is None:
+            return None
+        where = np.argwhere(self.mesh == self._rank)
+        return tuple(int(c) for c in where[0]) if len(where) else None
 
     def get_coordinate(self) -> Optional[Tuple[int, ...]]:
         """This rank's index along every dimension, or ``None`` if it is not in the mesh."""
-        coord = self._root._root_coord
-        if coord is None:
-            return None
-        return tuple(self._index_on(axis, coord) for axis in self._axes)
+        return self._coordinate_on_dim
 
-    def _index_on(self, axis: Axis, coord: Tuple[int, ...]) -> int:
-        """Row-major position of ``coord`` along ``axis`` (the rank in that dim's group)."""
-        shape = self._root._ranks.shape
-        index = 0
-        for d in axis:
-            index = index * shape[d] + coord[d]
-        return index
+    def _is_current_rank_part_of_mesh(self) -> bool:
+        return self._coordinate_on_dim is not None
 
     def get_local_rank(self, mesh_dim: MeshDim = None) -> int:
-        """This rank's rank in the group of ``mesh_dim`` (no communication)."""
-        axis, _ = self._axis(mesh_dim, "get_local_rank")
-        root = self._root
-        if root._root_coord is None:
-            raise self._error("get_local_rank", "this rank is not in the mesh")
-        given = root._groups.get(axis)
-        if given is not None and root._cart is None:  # from_group: the group decides
-            return given.rank()
-        return self._index_on(axis, root._root_coord)
+        """This rank's rank in the group of ``mesh_dim`` (-1 if it is not in the mesh).
+
+        Communicates nothing: a group not made yet is not made for this.
+        """
+        if self.ndim > 1 and mesh_dim is None:
+            raise DistValueError(f"hpccomm.DeviceMesh.get_local_rank: Found the DeviceMesh "
+                                 f"have {self.ndim} dimensions. Optional kwarg `mesh_dim` "
+                                 f"needs to be specified when device_mesh.ndim > 1.")
+        self._root._require_groups()
+        dim, spec, _ = self._dim_of(mesh_dim, "get_local_rank")
+        return self._root._groups.local_rank(dim, spec)
 
     # -- groups -------------------------------------------------------------------------------
-    def get_group(self, mesh_dim: MeshDim = None) -> ProcessGroup:
+    def get_group(self, mesh_dim: MeshDim = None) -> Any:
         """The group of dimension ``mesh_dim`` (name or index; optional for a 1-D mesh).
 
-        Made on first use by ``MPI_Cart_sub``, which every rank of the mesh must call:
-        the first ``get_group`` of a dimension is collective over the mesh.
+        Made on first use, which every rank of the mesh must call: the first
+        ``get_group`` of a dimension is collective over the mesh. A rank outside the mesh
+        gets ``GroupMember.NON_GROUP_MEMBER`` at once.
         """
-        axis, label = self._axis(mesh_dim, "get_group")
-        return self._root._group(axis, label)
+        self._root._require_groups()
+        if self.ndim > 1 and mesh_dim is None:
+            raise DistValueError(f"hpccomm.DeviceMesh.get_group: Found the DeviceMesh have "
+                                 f"{self.ndim} dimensions. Optional kwarg `mesh_dim` needs to "
+                                 f"be specified when device_mesh.ndim > 1. If you want to get "
+                                 f"the list of all the ProcessGroups in the DeviceMesh, please "
+                                 f"use `get_all_groups()` instead.")
+        dim, spec, label = self._dim_of(mesh_dim, "get_group")
+        root = self._root
+        return root._groups.get(dim, spec, label, layouts.concat(root._dims))
 
-    def get_all_groups(self) -> List[ProcessGroup]:
+    def get_all_groups(self) -> List[Any]:
         """The groups of all dimensions, in order (makes those not made yet)."""
         return [self.get_group(i) for i in range(self.ndim)]
 
-    def _as_process_group(self) -> ProcessGroup:
+    def _as_process_group(self) -> Any:
         """A 1-D mesh passed as ``group=`` means its only group."""
         if self.ndim != 1:
             raise self._error("group", f"a {self.ndim}-D mesh is not one group; pass "
                                        f"mesh.get_group(dim) for the dimension meant")
         return self.get_group()
 
-    def _group(self, axis: Axis, label: str) -> ProcessGroup:
-        """The group along ``axis`` of this root mesh, made once."""
-        if self._root_coord is None:
-            raise self._error("get_group", f"this rank is not in the mesh, so it has no "
-                                           f"'{label}' group")
-        found = self._groups.get(axis)
-        if found is not None:
-            if not found.live:
-                raise self._error("get_group", f"the '{label}' group was destroyed")
-            return found
-        line = self._line(axis)
-        backend = self._backends.get(axis)  # None: the world's backends
-        cart = self._cart
-        if cart is not None and axis == tuple(range(self._ranks.ndim)) and (
-                backend == self._cart_backend):
-            pg = cart  # the whole mesh: the Cartesian communicator itself
-        elif cart is not None:
-            if not cart.live:
-                raise self._error("get_group", "the mesh's communicator was destroyed "
-                                               "(destroy_process_group)")
-            remain = [d in axis for d in range(self._ranks.ndim)]
-            rendezvous.meet_all(cart, f"DeviceMesh.get_group('{label}')", None)
-            try:
-                comm = _mpi().cart_sub(cart.comm, remain)
-            except Exception as exc:
-                raise self._error("get_group", f"MPI_Cart_sub for '{label}' failed: "
-                                               f"{exc}") from exc
-            name = registry.unique_name(line, prefix=f"mesh_{label}")
-            pg = from_communicator(comm, name, backend=backend, desc=f"mesh_{label}")
-        else:  # a mesh from groups: only this line's members make its group
-            pg = new_group(line, backend=backend, group_desc=f"mesh_{label}",
-                           sort_ranks=False)
-        if list(pg.ranks) != line:
-            raise DistError(f"hpccomm.DeviceMesh.get_group on global rank {self._rank}: the "
-                            f"'{label}' group has ranks {list(pg.ranks)}, expected {line}")
-        self._groups[axis] = pg
-        return pg
-
-    def _line(self, axis: Axis) -> List[int]:
-        """The global ranks sharing this rank's coordinates off ``axis``, in group order."""
-        ranks, coord = self._ranks, self._root_coord
-        index = tuple(slice(None) if d in axis else coord[d] for d in range(ranks.ndim))
-        return [int(r) for r in ranks[index].ravel()]
+    def _require_groups(self) -> None:
+        if not self._ready:
+            raise DistError(f"hpccomm.DeviceMesh.get_group on global rank {self._rank}: "
+                            f"DeviceMesh process groups not initialized! (the mesh was made "
+                            f"with _init_backend=False)")
 
     # -- choosing dimensions ----------------------------------------------------------------
+    def _get_mesh_dim_by_name(self, mesh_dim_name: str) -> int:
+        if not self._mesh_dim_names:
+            raise _MeshKeyError(f"hpccomm.DeviceMesh: No `mesh_dim_names` found. (dimension "
+                                f"'{mesh_dim_name}' was asked for)")
+        if mesh_dim_name not in self._mesh_dim_names:
+            raise _MeshKeyError(f"hpccomm.DeviceMesh: Mesh dimension '{mesh_dim_name}' does "
+                                f"not exist. Available mesh dimensions are: "
+                                f"mesh_dim_names={self._mesh_dim_names}")
+        return self._mesh_dim_names.index(mesh_dim_name)
+
     def _dim_index(self, mesh_dim: Union[int, str], op: str) -> int:
         if isinstance(mesh_dim, str):
-            names = self._mesh_dim_names or ()
-            if mesh_dim not in names:
-                raise KeyError(f"hpccomm.DeviceMesh.{op}: mesh dimension '{mesh_dim}' does "
-                               f"not exist; mesh_dim_names={self._mesh_dim_names}")
-            return names.index(mesh_dim)
-        if isinstance(mesh_dim, bool) or not isinstance(mesh_dim, int) or not (
-                -self.ndim <= mesh_dim < self.ndim):
-            raise self._error(op, f"mesh_dim {mesh_dim!r} is not a dimension of a "
-                                  f"{self.ndim}-D mesh")
-        return mesh_dim % self.ndim
+            return self._get_mesh_dim_by_name(mesh_dim)
+        if isinstance(mesh_dim, bool) or not isinstance(mesh_dim, (int, np.integer)):
+            raise _MeshTypeError(f"hpccomm.DeviceMesh.{op}: mesh_dim must be an int or a "
+                                 f"dimension name, got {mesh_dim!r}")
+        if not -self.ndim <= mesh_dim < self.ndim:
+            raise _MeshIndexError(f"hpccomm.DeviceMesh.{op}: mesh_dim {mesh_dim} is out of "
+                                  f"range for a {self.ndim}-D mesh")
+        return int(mesh_dim) % self.ndim
 
-    def _axis(self, mesh_dim: MeshDim, op: str) -> Tuple[Axis, str]:
-        """The root axis and a label for ``mesh_dim`` (flattened names allowed)."""
+    def _dim_of(self, mesh_dim: MeshDim, op: str) -> Tuple[Layout, BackendSpec, str]:
+        """The layout, backend and label of ``mesh_dim`` (flattened names allowed)."""
         if mesh_dim is None:
-            if self.ndim != 1:
-                raise self._error(op, f"the mesh has {self.ndim} dimensions: give mesh_dim "
-                                      f"(or use get_all_groups())")
             mesh_dim = 0
-        flat = self._root._flatten_mapping.get(mesh_dim) if isinstance(mesh_dim, str) else None
-        if flat is not None and mesh_dim not in (self._mesh_dim_names or ()):
-            return flat._axes[0], mesh_dim
+        if isinstance(mesh_dim, str):
+            flat = self._root._flatten_mapping.get(mesh_dim)
+            if flat is not None:
+                return flat._dims[0], flat._backends[0], mesh_dim
         index = self._dim_index(mesh_dim, op)
         label = self._mesh_dim_names[index] if self._mesh_dim_names else f"dim_{index}"
-        return self._axes[index], label
+        return self._dims[index], self._backends[index], label
 
-    def __getitem__(self, mesh_dim_names: Union[str, Tuple[str, ...]]) -> "DeviceMesh":
+    def __getitem__(self, mesh_dim_names: Union[str, Sequence[str]]) -> "DeviceMesh":
         """The submesh of the named dimensions (in the mesh's order), sharing its groups."""
         if not self._mesh_dim_names:
-            raise self._error("__getitem__", "cannot slice a DeviceMesh without "
-                                             "mesh_dim_names")
-        names = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else tuple(mesh_dim_names)
+            raise DistError("hpccomm.DeviceMesh: Cannot slice a DeviceMesh without "
+                            "mesh_dim_names!")
+        names = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else mesh_dim_names
         if names == self._mesh_dim_names:
             return self
+        names = tuple(names)
         root = self._root
-        flattened = root._flatten_mapping if self is root else {}
-        axes = []
+        flattened = root._flatten_mapping if self == root else {}
+        valid = [*self._mesh_dim_names, *flattened]
+        if not all(name in valid for name in names):
+            raise _MeshKeyError(f"hpccomm.DeviceMesh: Invalid mesh_dim_names {names} "
+                                f"specified. Valid mesh_dim_names are {valid}.")
+        dims, specs = [], []
         for name in names:
             if name in self._mesh_dim_names:
-                axes.append(self._axes[self._mesh_dim_names.index(name)])
-            elif name in flattened:
-                axes.append(flattened[name]._axes[0])
+                index = self._mesh_dim_names.index(name)
+                dims.append(self._dims[index])
+                specs.append(self._backends[index])
             else:
-                raise KeyError(f"hpccomm.DeviceMesh: invalid mesh_dim_names {names}; valid "
-                               f"names are {list(self._mesh_dim_names) + list(flattened)}")
-        spanned = [d for axis in axes for d in axis]
-        if any(a >= b for a, b in zip(spanned, spanned[1:])):
-            raise KeyError(f"hpccomm.DeviceMesh: invalid mesh_dim_names {names}: dimensions "
-                           f"must be named in the mesh's order {self._mesh_dim_names}, "
-                           f"without overlap")
-        if len(names) == 1 and names[0] in flattened:
-            return flattened[names[0]]
-        return DeviceMesh._sub(root, tuple(axes), names)
+                warnings.warn("Slicing a flattened dim from root mesh will be deprecated in "
+                              "PT 2.11. Users need to bookkeep the flattened mesh directly. ",
+                              stacklevel=2)
+                dims.append(flattened[name]._dims[0])
+                specs.append(flattened[name]._backends[0])
+        whole = layouts.concat(dims)
+        if not layouts.is_sorted(whole):
+            raise _MeshKeyError(f"hpccomm.DeviceMesh: Invalid mesh_dim_names {names} "
+                                f"specified. Mesh dim indices should be in ascending order.")
+        if not layouts.is_orthogonal(whole):
+            raise DistError(f"hpccomm.DeviceMesh: Slicing overlapping dim_names {names} is "
+                            f"not allowed.")
+        return self._derived(tuple(dims), names, tuple(specs))
 
+    def _derived(self, dims: Tuple[Layout, ...], names: Tuple[str, ...],
+                 specs: Tuple[BackendSpec, ...]) -> "DeviceMesh":
+        """A mesh of other dimensions of the same root, sharing the root's groups."""
+        root = self._root
+        made = DeviceMesh(root._device_type, _layout=dims, _rank_map=root._rank_map,
+                          mesh_dim_names=names, _root_mesh=root)
+        made._backends = specs
+        return made
+
+    def _get_root_mesh(self) -> "DeviceMesh":
+        return self._root
+
+    def _get_root_mesh_dim(self) -> Optional[int]:
+        """The index in the root of this 1-D slice's dimension (None for an unnamed mesh)."""
+        if not self._mesh_dim_names:
+            return None
+        if len(self._mesh_dim_names) != 1:
+            raise DistValueError("hpccomm.DeviceMesh._get_root_mesh_dim: The submesh can "
+                                 "only be a 1D mesh.")
+        return self._root._get_mesh_dim_by_name(self._mesh_dim_names[0])
+
+    def _get_all_submeshes(self, mesh_dim_name: str) -> List["DeviceMesh"]:
+        """Every 1-D mesh along ``mesh_dim_name`` (this rank's holds its group)."""
+        index = self._get_mesh_dim_by_name(mesh_dim_name)
+        root = self._root
+        made = []
+        for positions in layouts.lines(self._dims[index], root._rank_map.size):
+            ranks = root._rank_map[np.array(positions, dtype=np.int64)]
+            sub = DeviceMesh(self._device_type, ranks, mesh_dim_names=(mesh_dim_name,),
+                             _init_backend=False, _rank=self._rank)
+            if sub._position is not None and root._ready:
+                sub._groups.give(sub._dims[0], self.get_group(index))
+            sub._ready = root._ready
+            made.append(sub)
+        return made
+
+    def _describe(self) -> str:
+        """This rank and the mesh, for error messages."""
+        return (f"global rank {self._rank} (mesh {self._root._rank_map.tolist()}, dims "
+                f"{self._mesh_dim_names or self._shape})")
+
+    def _error(self, op: str, message: str) -> DistValueError:
+        return DistValueError(f"hpccomm.DeviceMesh.{op} on {self._describe()}: {message}")
+
+    # -- flatten, unflatten, concatenate ------------------------------------------------------
     def _flatten(self, mesh_dim_name: Optional[str] = None,
                  backend_override: Any = None) -> "DeviceMesh":
         """A 1-D mesh of all this mesh's dimensions, named ``mesh_dim_name``.
 
         Default name: the dimension names joined by ``_``. The root mesh can then be
-        sliced by that name. The flattened group is made on first ``get_group``.
+        sliced and asked for a group by that name. The group is made on first use.
         """
         if not self._mesh_dim_names:
-            raise self._error("_flatten", "cannot flatten a DeviceMesh without "
-                                          "mesh_dim_names")
+            raise DistError("hpccomm.DeviceMesh._flatten: Cannot flatten a DeviceMesh "
+                            "without mesh_dim_names!")
         name = mesh_dim_name or "_".join(self._mesh_dim_names)
         if self.ndim == 1 and name in self._mesh_dim_names:
             return self
+        spec = _backend_spec(backend_override, "DeviceMesh._flatten")
         root = self._root
         if name in (root._mesh_dim_names or ()):
-            raise DistValueError(f"hpccomm.DeviceMesh._flatten: '{name}' already names a "
-                                 f"dimension of the root mesh {root._mesh_dim_names}")
-        axis = self._all_axis()
+            raise DistValueError(f"hpccomm.DeviceMesh._flatten: {name} already exists for "
+                                 f"submesh of the {root!r}. The mesh_dim_names of submesh and "
+                                 f"flattened mesh are {root._mesh_dim_names}. Please specify "
+                                 f"another valid mesh_dim_name.")
+        dim = layouts.concat(self._dims)
         existing = root._flatten_mapping.get(name)
         if existing is not None:
-            if existing._axes == (axis,):
+            if existing._dims == (dim,):
                 return existing
-            raise DistValueError(f"hpccomm.DeviceMesh._flatten: '{name}' already names "
-                                 f"another flattened dimension; choose another name")
-        override = _backend_name(backend_override)
-        if override is not None:
-            root._backends[axis] = override
-        flat = DeviceMesh._sub(root, (axis,), (name,))
+            raise DistValueError(f"hpccomm.DeviceMesh._flatten: Flatten mesh with "
+                                 f"mesh_dim_name {name} has been created before, Please "
+                                 f"specify another valid mesh_dim_name.")
+        flat = self._derived((dim,), (name,), (spec,))
         root._flatten_mapping[name] = flat
         return flat
 
     flatten = _flatten
 
-    def _get_root_mesh(self) -> "DeviceMesh":
-        return self._root
+    def _unflatten(self, dim: Union[int, str], mesh_sizes: Tuple[int, ...],
+                   mesh_dim_names: Tuple[str, ...],
+                   backend_override: Optional[Dict[Any, Any]] = None) -> "DeviceMesh":
+        """This mesh with dimension ``dim`` split into ``mesh_sizes`` named dimensions.
 
-    def _error(self, op: str, message: str) -> DistValueError:
-        return DistValueError(f"hpccomm.DeviceMesh.{op} on global rank {self._root._rank} "
-                              f"(mesh {self._root._ranks.tolist()}, dims "
-                              f"{self._mesh_dim_names or self.shape}): {message}")
+        The result shares this mesh's root (and the groups of the other dimensions); the
+        new dimensions' groups are made on first use.
+        """
+        op = "DeviceMesh._unflatten"
+        if isinstance(dim, int) and dim >= self.ndim:
+            raise DistValueError(f"hpccomm.{op}: dim {dim} specified in `_unflatten` is out "
+                                 f"of range {self.ndim}")
+        if isinstance(dim, str) and dim not in (self._mesh_dim_names or ()):
+            raise DistValueError(f"hpccomm.{op}: dim {dim} specified in `_unflatten` is not "
+                                 f"in {self._mesh_dim_names}")
+        if len(mesh_sizes) != len(mesh_dim_names):
+            raise DistValueError(f"hpccomm.{op}: mesh_dim_names must have same length as "
+                                 f"mesh_sizes in _unflatten!")
+        if not self._mesh_dim_names:
+            raise DistValueError(f"hpccomm.{op}: cannot unflatten a DeviceMesh without "
+                                 f"mesh_dim_names")
+        index = self._dim_index(dim, "_unflatten")
+        sizes = tuple(int(s) for s in mesh_sizes)
+        if math.prod(sizes) != self._shape[index]:
+            raise DistValueError(f"hpccomm.{op}: The product of mesh_sizes={sizes} is "
+                                 f"{math.prod(sizes)}, but the original dimension at "
+                                 f"dim={index} has size {self._shape[index]}. These must be "
+                                 f"equal for unflatten to work correctly.")
+        try:
+            parts = layouts.compose(self._dims[index], sizes)
+        except ValueError as exc:
+            raise DistValueError(f"hpccomm.{op}: {exc}") from exc
+        entries = (_normalize_backend_override(backend_override, len(sizes),
+                                               tuple(mesh_dim_names), op)
+                   if backend_override is not None else (None,) * len(sizes))
+        specs = tuple(_backend_spec(entry, op) for entry in entries)
+        splice = slice(index, index + 1)
+        dims, names, backends = list(self._dims), list(self._mesh_dim_names), list(self._backends)
+        dims[splice], names[splice], backends[splice] = parts, mesh_dim_names, specs
+        return self._derived(tuple(dims), tuple(names), tuple(backends))
+
+    @staticmethod
+    def _concatenate(device_mesh_list: List["DeviceMesh"]) -> "DeviceMesh":
+        """One mesh of the dimensions of several meshes sliced from the same root."""
+        first = device_mesh_list[0]
+        dims: List[Layout] = []
+        names: List[str] = []
+        specs: List[BackendSpec] = []
+        for each in device_mesh_list:
+            if each._flatten_rank_map != first._flatten_rank_map:
+                raise DistError("hpccomm.DeviceMesh._concatenate: Cannot concatenate "
+                                "DeviceMeshes derived from different device meshs")
+            if not each._mesh_dim_names:
+                raise DistValueError("hpccomm.DeviceMesh._concatenate: every mesh needs "
+                                     "mesh_dim_names")
+            dims.extend(each._dims)
+            names.extend(each._mesh_dim_names)
+            specs.extend(each._backends)
+        if not layouts.is_orthogonal(layouts.concat(dims)):
+            raise DistError(f"hpccomm.DeviceMesh._concatenate: Cannot concatenate "
+                            f"overlapping meshes: {device_mesh_list}")
+        return first._derived(tuple(dims), tuple(names), tuple(specs))
 
     # -- from existing groups -------------------------------------------------------------
     @staticmethod
@@ -437,38 +614,46 @@ class DeviceMesh:
         """A mesh whose dimension groups are existing groups (one per dimension).
 
         One group: a 1-D mesh of its ranks. Several: ``mesh`` and ``mesh_dim_names`` are
-        required and group ``i`` must be this rank's line along dimension ``i``.
+        required, and group ``i`` holds this rank's line along dimension ``i``.
         No communicator is made.
         """
         op = "DeviceMesh.from_group"
         if not isinstance(group, (list, tuple)):
             pg = resolve(group, op)
             ranks = list(pg.ranks)
-            if mesh is not None and np.asarray(mesh).tolist() != ranks:
-                raise pg.error(op, f"mesh {np.asarray(mesh).tolist()} differs from the "
-                                   f"group's ranks {ranks}")
+            if mesh is not None and np.asarray(
+                    mesh.tolist() if hasattr(mesh, "tolist") else mesh).tolist() != ranks:
+                raise pg.error(op, f"Invalid mesh {str(mesh)} for ProcessGroup with ranks "
+                                   f"{ranks}")
             groups, mesh = [pg], ranks
         else:
             groups = [resolve(g, op) for g in group]
             if not groups:
-                raise DistValueError(f"hpccomm.{op}: expects at least one group")
-            if mesh is None or not mesh_dim_names:
-                raise DistValueError(f"hpccomm.{op}: mesh and mesh_dim_names are required "
-                                     f"with several groups")
-            if np.asarray(mesh).ndim != len(groups):
-                raise DistValueError(f"hpccomm.{op}: mesh {np.asarray(mesh).tolist()} has "
-                                     f"{np.asarray(mesh).ndim} dimensions for {len(groups)} "
-                                     f"groups")
+                raise DistValueError(f"hpccomm.{op}: Expects at least one ProcessGroup to be "
+                                     f"passed")
+            if mesh is None:
+                raise DistValueError(f"hpccomm.{op}: Must pass mesh if passing multiple "
+                                     f"ProcessGroups")
+            if mesh_dim_names is None:
+                raise DistValueError(f"hpccomm.{op}: Must pass mesh_dim_names if passing "
+                                     f"multiple ProcessGroups")
+            ranks_nd = _rank_array(mesh, op)
+            if ranks_nd.ndim != len(groups):
+                raise DistValueError(f"hpccomm.{op}: Expects mesh with ndim equal to number "
+                                     f"of ProcessGroups but got mesh {ranks_nd.tolist()} and "
+                                     f"{len(groups)} ProcessGroups")
+            mesh = ranks_nd
         made = DeviceMesh(device_type, mesh, mesh_dim_names=mesh_dim_names,
                           _init_backend=False)
-        for d, pg in enumerate(groups):
-            if made._root_coord is not None:
-                line = made._line((d,))
-                if list(pg.ranks) != line:
+        if made._position is not None:
+            for d, pg in enumerate(groups):
+                line = sorted(int(made._rank_map[p]) for p in made._groups.line(made._dims[d]))
+                if sorted(pg.ranks) != line:
                     raise made._error("from_group", f"group {d} has ranks {list(pg.ranks)} "
                                                     f"but this rank's line along dimension "
-                                                    f"{d} is {line}")
-            made._groups[(d,)] = pg
+                                                    f"{d} of the mesh is {line}")
+                made._groups.give(made._dims[d], pg)
+        made._ready = True
         return made
 
 
@@ -476,30 +661,32 @@ def init_device_mesh(device_type: str, mesh_shape: Tuple[int, ...], *,
                      mesh_dim_names: Optional[Tuple[str, ...]] = None,
                      backend_override: Optional[Dict[Union[int, str], Any]] = None
                      ) -> DeviceMesh:
-    """A mesh of ``mesh_shape`` over the whole world, ranks in row-major order.
+    """A mesh of ``mesh_shape`` over global ranks ``0..prod(mesh_shape)-1``, row-major.
 
-    Collective over the world (one ``MPI_Cart_create``); dimension groups are made on
-    first use. ``backend_override`` maps a dimension (index or name) to a backend.
+    Communicates nothing (groups are made on first use). ``backend_override`` maps a
+    dimension (index or name) to a backend name, torch ``Backend.Options`` or both.
     """
     op = "init_device_mesh"
-    _check_device(device_type, op)
     shape = tuple(mesh_shape) if isinstance(mesh_shape, (tuple, list)) else (mesh_shape,)
-    if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
-                            for s in shape):
-        raise DistValueError(f"hpccomm.{op}: mesh_shape must be positive ints, got {mesh_shape!r}")
-    names = _check_names(mesh_dim_names, len(shape), op)
-    world = _world(op)
-    total = int(np.prod(shape))
-    if total != world.size():
-        raise world.error(op, f"mesh_shape {shape} holds {total} ranks but the world has "
-                              f"{world.size()} processes; their product must equal the world "
-                              f"size (for a subset, use DeviceMesh(device_type, ranks))")
-    overrides: List[Any] = [None] * len(shape)
-    for key, spec in (backend_override or {}).items():
-        index = (names.index(key) if names and key in names else key)
-        if not isinstance(index, int) or not 0 <= index < len(shape):
-            raise world.error(op, f"backend_override key {key!r} is not a dimension of "
-                                  f"{names or shape}")
-        overrides[index] = spec
-    return DeviceMesh(device_type, np.arange(total).reshape(shape), mesh_dim_names=names,
-                      backend_override=tuple(overrides))
+    if mesh_dim_names is not None:
+        if len(set(mesh_dim_names)) != len(mesh_dim_names):
+            raise DistValueError(f"hpccomm.{op}: Each mesh_dim_name must be unique. Found "
+                                 f"repeated mesh_dim_name in mesh_dim_names {mesh_dim_names}")
+        if len(shape) != len(mesh_dim_names):
+            raise DistValueError(f"hpccomm.{op}: mesh_shape and mesh_dim_names should have "
+                                 f"same length! Found len(mesh_dim_names): "
+                                 f"{len(mesh_dim_names)} and len(mesh_shape):{len(shape)}.")
+    overrides = (_normalize_backend_override(backend_override, len(shape),
+                                             tuple(mesh_dim_names or ()) or None, op)
+                 if backend_override is not None else None)
+    if device_type and not device_type.isalpha():
+        raise DistValueError(f"hpccomm.{op}: Device type with index is not supported but got "
+                             f"{device_type}. If you maintained a 'torch.device' object, it's "
+                             f"recommended to pass in 'device.type'.")
+    if not shape or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool)
+                            and s > 0 for s in shape):
+        raise DistValueError(f"hpccomm.{op}: mesh_shape must be positive ints, got "
+                             f"{mesh_shape!r}")
+    total = math.prod(int(s) for s in shape)
+    return DeviceMesh(device_type, np.arange(total).reshape(shape),
+                      mesh_dim_names=mesh_dim_names, backend_override=overrides)

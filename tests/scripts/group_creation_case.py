@@ -30,8 +30,8 @@ try:
     elif case == "mesh":
         from hpccomm.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (1, 3), mesh_dim_names=("dp", "tp"))
-        if r != 0:
-            mesh.get_group("tp")
+        if r != 0:               # "tp" would be the world group itself: "dp" needs a Cart_sub
+            mesh.get_group("dp")
     report(f"RESULT rank {r} no error")
     time.sleep(6)
 except dist.DistTimeoutError as exc:
