@@ -1,0 +1,56 @@
+"""DeviceMesh cases that need a fresh process state, each its own MPI job.
+
+Usage: mpiexec -n N python device_mesh_case.py init|nonmember
+Prints one ``RESULT ...`` line per rank.
+
+init       DeviceMesh initializes the default group when nothing did (torch's rule).
+nonmember  A mesh over half the world: ranks outside it get NON_GROUP_MEMBER, -1 and
+           None without communicating, members communicate on its groups, and the
+           whole world then meets in a barrier (nothing hangs). Timeouts are short.
+"""
+import os
+import sys
+
+import numpy as np
+
+import hpccomm as dist
+from hpccomm.device_mesh import DeviceMesh
+
+
+def report(line: str) -> None:
+    """One write per line, so ranks sharing the launcher's pipe never interleave."""
+    os.write(1, (line + "\n").encode())
+
+
+def case_init() -> None:
+    assert not dist.is_initialized()
+    DeviceMesh("cpu", np.arange(2).reshape(2, 1))
+    assert dist.is_initialized()
+    report("RESULT init ok")
+
+
+def case_nonmember() -> None:
+    dist.init_process_group(timeout=10)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    members = list(range(size // 2))[::-1]  # the first half, in reverse order
+    mesh = DeviceMesh("cpu", np.array(members).reshape(-1, 1), mesh_dim_names=("a", "b"))
+    if rank in members:
+        a = mesh.get_group("a")
+        x = np.ones(4) * rank
+        dist.all_reduce(x, group=a)
+        assert (x == sum(members)).all(), x
+        assert mesh.get_local_rank("a") == members.index(rank)
+    else:
+        assert mesh.get_coordinate() is None
+        assert mesh.get_group("a") is dist.GroupMember.NON_GROUP_MEMBER
+        assert mesh.get_all_groups() == [dist.GroupMember.NON_GROUP_MEMBER] * 2
+        assert mesh.get_local_rank("b") == -1
+        assert mesh["a"].get_coordinate() is None and mesh._flatten().get_coordinate() is None
+        assert dist.get_rank(mesh.get_group("a")) == -1
+    dist.barrier()
+    report(f"RESULT nonmember ok rank {rank}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    {"init": case_init, "nonmember": case_nonmember}[sys.argv[1]]()
