@@ -4,6 +4,7 @@ Tests marked ``@pytest.mark.mpi(min_size=N)`` run under ``mpiexec -n N`` with
 pytest-mpi's ``--with-mpi``; the ``world`` fixture gives them the default group.
 The session timeout is short (60 s) so that a broken test raises instead of hanging.
 """
+import math
 import os
 
 import pytest
@@ -45,3 +46,16 @@ def rank(dist):
 @pytest.fixture
 def size(dist):
     return dist.get_world_size()
+
+
+@pytest.fixture
+def mesh_shape(size):
+    """``mesh_shape(ndim)``: the world's ranks as ``ndim`` mesh dimensions, factors of 2
+    dealt from the first: 3 dimensions are (2, 2, 2) at 8 ranks, (2, 2, 1) at 4."""
+    def shape(ndim):
+        dims = [1] * ndim
+        for i in range(size.bit_length() - 1):
+            dims[i % ndim] *= 2
+        dims[0] *= size // math.prod(dims)
+        return tuple(dims)
+    return shape

@@ -185,15 +185,13 @@ def test_2x2_collectives_and_p2p_on_dim_groups(dist, rank, size, mesh2):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("ndim", [2, 3])
-def test_collectives_along_every_mesh_dim(dist, rank, size, ndim):
+def test_collectives_along_every_mesh_dim(dist, rank, size, ndim, mesh_shape):
     """all_reduce, all_gather, reduce_scatter, broadcast and all_to_all on each dim group
     of a 2-D and a 3-D mesh, checked against NumPy slices of the rank array."""
     from hpccomm.device_mesh import init_device_mesh
-    shape = [1] * ndim
-    for i in range(int(np.log2(size))):
-        shape[i % ndim] *= 2
+    shape = mesh_shape(ndim)
     full = np.arange(size).reshape(shape)
-    mesh = init_device_mesh("cpu", tuple(shape), mesh_dim_names=("a", "b", "c")[:ndim])
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("a", "b", "c")[:ndim])
     coord = mesh.get_coordinate()
     for dim in range(ndim):
         index = tuple(slice(None) if d == dim else c for d, c in enumerate(coord))
@@ -207,7 +205,8 @@ def test_collectives_along_every_mesh_dim(dist, rank, size, ndim):
         dist.all_gather(gathered, _data(rank), group=group)
         np.testing.assert_array_equal(np.stack(gathered), np.stack([_data(r) for r in line]))
         out = np.empty(2)
-        dist.reduce_scatter_tensor(out, np.arange(2.0 * n) + rank, group=mesh[mesh.mesh_dim_names[dim]])
+        sliced = mesh[mesh.mesh_dim_names[dim]]  # a 1-D submesh as the group
+        dist.reduce_scatter_tensor(out, np.arange(2.0 * n) + rank, group=sliced)
         np.testing.assert_allclose(out, sum(np.arange(2.0 * n)[2 * me:2 * me + 2] + r
                                             for r in line))
         b = np.full(3, float(rank))

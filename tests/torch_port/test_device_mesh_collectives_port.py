@@ -6,18 +6,8 @@ data go through hpccomm's collectives on ``mesh.get_group(dim)``, with NumPy ver
 torch's chunk/pad/unpad steps, and the same results are checked. torch runs them at 8
 ranks; they run here at any size (and at 8 from ``test_device_mesh_port_at_8_ranks``).
 """
-import math
-
 import numpy as np
 import pytest
-
-
-def _shape(size, ndim):
-    dims = [1] * ndim
-    for i in range(int(math.log2(size))):
-        dims[i % ndim] *= 2
-    dims[0] *= size // math.prod(dims)
-    return tuple(dims)
 
 
 def _chunks(a, n, dim):
@@ -27,13 +17,18 @@ def _chunks(a, n, dim):
     return [np.take(a, range(i, min(i + step, length)), axis=dim) for i in range(0, length, step)]
 
 
-def _split_padded(a, n, dim):
-    """``Shard(dim)._split_tensor(a, n, with_padding=True)``: n equal pieces and their pads."""
-    step = -(-a.shape[dim] // n)
+def _chunks_filled(a, n, dim):
+    """``torch.chunk``, then empty pieces up to ``n`` (as torch's tests append them)."""
     pieces = _chunks(a, n, dim)
     empty = list(a.shape)
     empty[dim] = 0
-    pieces += [np.empty(empty, dtype=a.dtype)] * (n - len(pieces))
+    return pieces + [np.empty(empty, dtype=a.dtype)] * (n - len(pieces))
+
+
+def _split_padded(a, n, dim):
+    """``Shard(dim)._split_tensor(a, n, with_padding=True)``: n equal pieces and their pads."""
+    step = -(-a.shape[dim] // n)
+    pieces = _chunks_filled(a, n, dim)
     pads = [step - piece.shape[dim] for piece in pieces]
     padded = []
     for piece, pad in zip(pieces, pads):
@@ -87,10 +82,7 @@ def test_scatter_uneven(dist, rank, size, DeviceMesh):
     my_rank = device_mesh.get_rank()
     tensor_to_split = np.random.default_rng(0).standard_normal((size + 3, size + 1))
     for shard_dim in range(tensor_to_split.ndim):
-        tensor_splitted_list = _chunks(tensor_to_split, size, shard_dim)
-        empty = list(tensor_to_split.shape)
-        empty[shard_dim] = 0
-        tensor_splitted_list += [np.empty(empty)] * (size - len(tensor_splitted_list))
+        tensor_splitted_list = _chunks_filled(tensor_to_split, size, shard_dim)
         padded_tensor_list, pad_sizes = _split_padded(tensor_to_split, device_mesh.size(),
                                                       shard_dim)
         scattered_tensor = np.empty_like(padded_tensor_list[my_rank])
@@ -155,10 +147,7 @@ def test_reduce_scatter_uneven(dist, rank, size, DeviceMesh):
     my_rank = device_mesh.get_rank()
     tensor_to_split = np.ones((size + 3, size + 1)) * rank
     for shard_dim in range(tensor_to_split.ndim):
-        tensor_splitted_list = _chunks(tensor_to_split, size, shard_dim)
-        empty = list(tensor_to_split.shape)
-        empty[shard_dim] = 0
-        tensor_splitted_list += [np.empty(empty)] * (size - len(tensor_splitted_list))
+        tensor_splitted_list = _chunks_filled(tensor_to_split, size, shard_dim)
         padded_tensor_list, pad_sizes = _split_padded(tensor_to_split, device_mesh.size(),
                                                       shard_dim)
         tensor_to_reduce = np.concatenate(padded_tensor_list, axis=shard_dim)
@@ -178,8 +167,8 @@ def test_reduce_scatter_uneven(dist, rank, size, DeviceMesh):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_broadcast_nd(dist, rank, size, DeviceMesh):
-    mesh = DeviceMesh("cpu", np.arange(size).reshape(_shape(size, 3)))
+def test_broadcast_nd(dist, rank, size, DeviceMesh, mesh_shape):
+    mesh = DeviceMesh("cpu", np.arange(size).reshape(mesh_shape(3)))
     local_tensor = np.ones((3, 3)) * rank
     for dim, dim_group in enumerate(mesh.get_all_groups()):
         dim_group_size = dist.get_world_size(dim_group)
@@ -190,8 +179,8 @@ def test_broadcast_nd(dist, rank, size, DeviceMesh):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_scatter_nd(dist, rank, size, DeviceMesh):
-    mesh = DeviceMesh("cpu", np.arange(size).reshape(_shape(size, 3)))
+def test_scatter_nd(dist, rank, size, DeviceMesh, mesh_shape):
+    mesh = DeviceMesh("cpu", np.arange(size).reshape(mesh_shape(3)))
     for dim, dim_group in enumerate(mesh.get_all_groups()):
         dim_group_size = dist.get_world_size(dim_group)
         global_ranks = [dist.get_global_rank(dim_group, i) for i in range(dim_group_size)]

@@ -2,13 +2,12 @@
 
 One test here per torch test, under the same name, checking what torch checks about
 DeviceMesh on CPU. torch runs most of them at 4 or 8 ranks with fixed shapes; here a
-mesh shape follows the world size (``_shape``: a (2, 2, 2) mesh at 8 ranks is (2, 2, 1)
-at 4 and (2, 1, 1) at 2) and expected ranks come from NumPy, so each test runs at 1, 2
-and 4 ranks and, through ``test_device_mesh_port_at_8_ranks``, at torch's 8. Tests whose
-shape needs more ranks skip with the reason. torch's collective tests are in
+mesh shape follows the world size (the ``mesh_shape`` fixture: a (2, 2, 2) mesh at 8
+ranks is (2, 2, 1) at 4 and (2, 1, 1) at 2) and expected ranks come from NumPy, so each
+test runs at 1, 2 and 4 ranks and, through ``test_device_mesh_port_at_8_ranks``, at
+torch's 8. Tests whose shape needs more ranks skip (pytest-mpi's min_size). torch's collective tests are in
 ``test_device_mesh_collectives_port.py``; what cannot apply is in ``NOT_PORTED.md``.
 """
-import math
 import os
 import re
 import subprocess
@@ -20,15 +19,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-
-
-def _shape(size, ndim):
-    """``size`` ranks as ``ndim`` dimensions: factors of 2 dealt from the first one."""
-    dims = [1] * ndim
-    for i in range(int(math.log2(size))):
-        dims[i % ndim] *= 2
-    dims[0] *= size // math.prod(dims)
-    return tuple(dims)
 
 
 def _line(full, rank, dims):
@@ -67,15 +57,15 @@ def test_init_process_group():
 
 
 @pytest.mark.mpi(min_size=1)
-def test_2d_mesh_non_eager_init_subgroup(dist, size, mesh_mod):
-    mesh_2d = mesh_mod.init_device_mesh("cpu", _shape(size, 2))
+def test_2d_mesh_non_eager_init_subgroup(dist, size, mesh_mod, mesh_shape):
+    mesh_2d = mesh_mod.init_device_mesh("cpu", mesh_shape(2))
     assert mesh_2d.get_group(0).bound_device_id is None
     assert mesh_2d.get_group(1).bound_device_id is None
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_group_and_get_all_groups(dist, size, mesh_mod):
-    mesh_2d = mesh_mod.init_device_mesh("cpu", _shape(size, 2), mesh_dim_names=("dp", "tp"))
+def test_get_group_and_get_all_groups(dist, size, mesh_mod, mesh_shape):
+    mesh_2d = mesh_mod.init_device_mesh("cpu", mesh_shape(2), mesh_dim_names=("dp", "tp"))
     tp_mesh, dp_mesh = mesh_2d["tp"], mesh_2d["dp"]
     assert mesh_2d.get_group(0) == mesh_2d.get_group("dp")
     assert mesh_2d.get_group(1) == mesh_2d.get_group("tp")
@@ -87,16 +77,16 @@ def test_get_group_and_get_all_groups(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_local_rank_raises_exception(dist, size, mesh_mod):
-    mesh_2d = mesh_mod.init_device_mesh("cpu", _shape(size, 2), mesh_dim_names=("dp", "tp"))
+def test_get_local_rank_raises_exception(dist, size, mesh_mod, mesh_shape):
+    mesh_2d = mesh_mod.init_device_mesh("cpu", mesh_shape(2), mesh_dim_names=("dp", "tp"))
     with pytest.raises(RuntimeError, match=re.escape(
             "Optional kwarg `mesh_dim` needs to be specified when device_mesh.ndim > 1.")):
         mesh_2d.get_local_rank()
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_local_rank(dist, rank, size, mesh_mod):
-    mesh_2d = mesh_mod.init_device_mesh("cpu", _shape(size, 2), mesh_dim_names=("dp", "tp"))
+def test_get_local_rank(dist, rank, size, mesh_mod, mesh_shape):
+    mesh_2d = mesh_mod.init_device_mesh("cpu", mesh_shape(2), mesh_dim_names=("dp", "tp"))
     assert mesh_2d.get_local_rank("dp") == mesh_2d.get_local_rank(0)
     assert mesh_2d.get_local_rank("tp") == mesh_2d.get_local_rank(1)
     dp_mesh, tp_mesh = mesh_2d["dp"], mesh_2d["tp"]
@@ -190,10 +180,10 @@ def test_from_group_with_invalid_mesh(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_raises_invalid_device_type(dist, size, mesh_mod):
+def test_raises_invalid_device_type(dist, size, mesh_mod, mesh_shape):
     for device_type in ("cpu:0", "cuda:0"):
         with pytest.raises(RuntimeError, match="Device type with index is not supported"):
-            mesh_mod.init_device_mesh(device_type, mesh_shape=_shape(size, 2),
+            mesh_mod.init_device_mesh(device_type, mesh_shape=mesh_shape(2),
                                       mesh_dim_names=("dp", "tp"))
 
 
@@ -216,8 +206,8 @@ def test_get_root_mesh_multiple_independent_meshes(dist, mesh_mod):
 
 # -- DeviceMeshTestNDim --------------------------------------------------------------------
 @pytest.mark.mpi(min_size=1)
-def test_device_mesh_nd(dist, rank, size, mesh_mod):
-    mesh_tensor = np.arange(size).reshape(_shape(size, 3))
+def test_device_mesh_nd(dist, rank, size, mesh_mod, mesh_shape):
+    mesh_tensor = np.arange(size).reshape(mesh_shape(3))
     mesh = mesh_mod.DeviceMesh("cpu", mesh_tensor)
     for dim, dim_group in enumerate(mesh.get_all_groups()):
         assert dim < mesh_tensor.ndim
@@ -240,8 +230,8 @@ def test_device_mesh_hash(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_local_rank_3d(dist, rank, size, mesh_mod):
-    shape = _shape(size, 3)
+def test_get_local_rank_3d(dist, rank, size, mesh_mod, mesh_shape):
+    shape = mesh_shape(3)
     mesh_3d = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "pp", "tp"))
     dp, pp, tp = np.unravel_index(rank, shape)
     assert mesh_3d.get_local_rank("tp") == tp
@@ -278,9 +268,9 @@ def test_device_mesh_parent_child_hash(dist, rank, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_from_group_with_mesh_shape_3d(dist, size, mesh_mod):
+def test_from_group_with_mesh_shape_3d(dist, size, mesh_mod, mesh_shape):
     mesh_dim_names = ("dp_replicate", "dp_shard", "tp")
-    ref_mesh = mesh_mod.init_device_mesh("cpu", _shape(size, 3), mesh_dim_names=mesh_dim_names)
+    ref_mesh = mesh_mod.init_device_mesh("cpu", mesh_shape(3), mesh_dim_names=mesh_dim_names)
     dp_shard_group = ref_mesh["dp_shard"].get_group()
     dp_replicate_group = ref_mesh["dp_replicate"].get_group()
     dp_mesh = mesh_mod.DeviceMesh.from_group(
@@ -321,11 +311,11 @@ def test_from_group_with_mesh_shape_2d(dist, rank, size, mesh_mod):
 
 # -- InitDeviceMeshTest ----------------------------------------------------------------------
 @pytest.mark.mpi(min_size=1)
-def test_init_device_mesh(dist, size, mesh_mod):
-    mesh_shape, mesh_dim_names = _shape(size, 2), ("DP", "TP")
-    ref_mesh = mesh_mod.DeviceMesh("cpu", np.arange(size).reshape(mesh_shape),
+def test_init_device_mesh(dist, size, mesh_mod, mesh_shape):
+    shape, mesh_dim_names = mesh_shape(2), ("DP", "TP")
+    ref_mesh = mesh_mod.DeviceMesh("cpu", np.arange(size).reshape(shape),
                                    mesh_dim_names=mesh_dim_names)
-    mesh_2d = mesh_mod.init_device_mesh("cpu", mesh_shape, mesh_dim_names=mesh_dim_names)
+    mesh_2d = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=mesh_dim_names)
     assert mesh_2d == ref_mesh
     assert mesh_2d.mesh_dim_names == mesh_dim_names
 
@@ -351,10 +341,11 @@ class _Options:
 
 
 @pytest.mark.mpi(min_size=1)
-def test_backend_override_argument_dict_with_idx_and_backend_lazy(dist, size, mesh_mod):
+def test_backend_override_argument_dict_with_idx_and_backend_lazy(dist, size, mesh_mod,
+                                                                  mesh_shape):
     """torch overrides with its test-only "fake" backend; here with the MPI backend."""
     opts = _Options(42)
-    shape = _shape(size, 3)
+    shape = mesh_shape(3)
     mesh = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp", "cp"),
                                      backend_override={0: "mpi", 2: ("mpi", opts)})
     default = dist.group.WORLD.backend_string()
@@ -374,9 +365,10 @@ def test_backend_override_argument_dict_with_idx_and_backend_lazy(dist, size, me
 
 
 @pytest.mark.mpi(min_size=1)
-def test_backend_override_argument_dict_with_name_and_options(dist, size, mesh_mod):
+def test_backend_override_argument_dict_with_name_and_options(dist, size, mesh_mod,
+                                                              mesh_shape):
     opts = _Options(42)
-    mesh = mesh_mod.init_device_mesh("cpu", _shape(size, 3), mesh_dim_names=("dp", "tp", "cp"),
+    mesh = mesh_mod.init_device_mesh("cpu", mesh_shape(3), mesh_dim_names=("dp", "tp", "cp"),
                                      backend_override={"tp": opts})
     world_timeout = dist.group.WORLD.timeout
     assert mesh.get_group(0).timeout == world_timeout
@@ -394,7 +386,8 @@ def test_backend_override_argument_errors(dist, mesh_mod):
                        match="Found redundant dim index 0 and name dp in backend_override"):
         mesh_mod.init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"),
                                   backend_override={"dp": "mpi", 0: "mpi"})
-    with pytest.raises(RuntimeError, match=r"Found invalid keys in backend_override: got \['cp'\]"):
+    with pytest.raises(RuntimeError,
+                       match=r"Found invalid keys in backend_override: got \['cp'\]"):
         mesh_mod.init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"),
                                   backend_override={"cp": "mpi"})
     with pytest.raises(RuntimeError, match=r"Found invalid keys in backend_override: got \[42\]"):
@@ -404,22 +397,22 @@ def test_backend_override_argument_errors(dist, mesh_mod):
 
 # -- TestDeviceMeshGetItem ------------------------------------------------------------------
 @pytest.mark.mpi(min_size=1)
-def test_raises_no_mesh_dim_found(dist, size, mesh_mod):
+def test_raises_no_mesh_dim_found(dist, size, mesh_mod, mesh_shape):
     with pytest.raises(RuntimeError, match="Cannot slice a DeviceMesh without mesh_dim_names!"):
-        mesh = mesh_mod.init_device_mesh("cpu", _shape(size, 2))
+        mesh = mesh_mod.init_device_mesh("cpu", mesh_shape(2))
         mesh["DP"]
 
 
 @pytest.mark.mpi(min_size=1)
-def test_raises_invalid_mesh_dim_name(dist, size, mesh_mod):
+def test_raises_invalid_mesh_dim_name(dist, size, mesh_mod, mesh_shape):
     with pytest.raises(KeyError, match="Invalid mesh_dim_name"):
-        mesh = mesh_mod.init_device_mesh("cpu", _shape(size, 2), mesh_dim_names=("DP", "TP"))
+        mesh = mesh_mod.init_device_mesh("cpu", mesh_shape(2), mesh_dim_names=("DP", "TP"))
         mesh[("PP",)]
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_item_2d(dist, rank, size, mesh_mod):
-    mesh_2d = mesh_mod.init_device_mesh("cpu", _shape(size, 2), mesh_dim_names=("DP", "TP"))
+def test_get_item_2d(dist, rank, size, mesh_mod, mesh_shape):
+    mesh_2d = mesh_mod.init_device_mesh("cpu", mesh_shape(2), mesh_dim_names=("DP", "TP"))
     full = np.arange(size).reshape(mesh_2d.shape)
     assert mesh_2d["TP"].mesh.tolist() == _line(full, rank, [1]).tolist()
     assert mesh_2d["DP"].mesh.tolist() == _line(full, rank, [0]).tolist()
@@ -436,8 +429,8 @@ def test_get_item_1d(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_item_3d(dist, rank, size, mesh_mod):
-    shape = _shape(size, 3)
+def test_get_item_3d(dist, rank, size, mesh_mod, mesh_shape):
+    shape = mesh_shape(3)
     mesh_3d = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=("Replicate", "Shard", "TP"))
     full = np.arange(size).reshape(shape)
     assert mesh_3d["TP"].mesh.tolist() == _line(full, rank, [2]).tolist()
@@ -455,9 +448,9 @@ def test_get_item_3d(dist, rank, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_cache_and_reuse_submesh_slice_result(dist, size, mesh_mod):
+def test_cache_and_reuse_submesh_slice_result(dist, size, mesh_mod, mesh_shape):
     from hpccomm.group import registry
-    mesh = mesh_mod.init_device_mesh("cpu", _shape(size, 2), mesh_dim_names=("dp", "tp"))
+    mesh = mesh_mod.init_device_mesh("cpu", mesh_shape(2), mesh_dim_names=("dp", "tp"))
     ref_pg_count = len(registry.groups)
     mesh["dp"]
     mesh["dp"]
@@ -466,8 +459,8 @@ def test_cache_and_reuse_submesh_slice_result(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_item_3d_noncontiguous_slicing(dist, rank, size, mesh_mod):
-    shape = _shape(size, 3)
+def test_get_item_3d_noncontiguous_slicing(dist, rank, size, mesh_mod, mesh_shape):
+    shape = mesh_shape(3)
     mesh_3d = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "pp", "cp"))
     full = np.arange(size).reshape(shape)
     dp_cp_mesh = mesh_3d["dp", "cp"]
@@ -488,10 +481,10 @@ def test_flatten_mesh_1d(dist, size, mesh_mod):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.filterwarnings("ignore:Slicing a flattened dim")  # torch warns here too
-def test_flatten_mesh_3d(dist, rank, size, mesh_mod):
+def test_flatten_mesh_3d(dist, rank, size, mesh_mod, mesh_shape):
     from hpccomm import _mesh_layout
     from hpccomm.group import registry
-    shape = _shape(size, 3)
+    shape = mesh_shape(3)
     mesh_3d = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "cp", "tp"))
     full = np.arange(size).reshape(shape)
     with pytest.raises(ValueError, match="already exists for submesh of the DeviceMesh"):
@@ -539,8 +532,8 @@ def test_flatten_mesh_3d(dist, rank, size, mesh_mod):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.filterwarnings("ignore:Slicing a flattened dim")  # torch warns here too
-def test_flatten_mesh_4d(dist, rank, size, mesh_mod):
-    shape = _shape(size, 3) + (1,)
+def test_flatten_mesh_4d(dist, rank, size, mesh_mod, mesh_shape):
+    shape = mesh_shape(3) + (1,)
     mesh_dim_names = ("dp_replicate", "dp_shard", "cp", "tp")
     mesh_4d = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=mesh_dim_names)
     # flatten HSDP and CP into one mesh
@@ -572,9 +565,9 @@ def test_unflatten_mesh_2d(dist, rank, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=4)
-def test_unflatten_mesh_3d(dist, rank, size, mesh_mod):
+def test_unflatten_mesh_3d(dist, rank, size, mesh_mod, mesh_shape):
     global_mesh = mesh_mod.init_device_mesh("cpu", (size,), mesh_dim_names=("world",))
-    shape = _shape(size, 3)
+    shape = mesh_shape(3)
     non_ep_mesh = global_mesh._unflatten(0, shape, ("dp", "cp", "tp"))
     ep_mesh = global_mesh._unflatten(0, shape, ("dp", "ep", "ep_tp"))
     assert non_ep_mesh["cp"].mesh.tolist() == ep_mesh["ep"].mesh.tolist()
@@ -607,8 +600,8 @@ def test_unflatten_mesh_3d(dist, rank, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_concatenate_2d(dist, size, mesh_mod):
-    mesh_2d = mesh_mod.init_device_mesh("cpu", _shape(size, 2), mesh_dim_names=("dp", "tp"))
+def test_concatenate_2d(dist, size, mesh_mod, mesh_shape):
+    mesh_2d = mesh_mod.init_device_mesh("cpu", mesh_shape(2), mesh_dim_names=("dp", "tp"))
     concatenated_mesh = mesh_mod.DeviceMesh._concatenate([mesh_2d["dp"], mesh_2d["tp"]])
     assert concatenated_mesh.mesh.tolist() == mesh_2d.mesh.tolist()
     assert concatenated_mesh.get_group("dp") is mesh_2d.get_group("dp")
@@ -616,8 +609,8 @@ def test_concatenate_2d(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_concatenate_3d(dist, size, mesh_mod):
-    mesh_3d = mesh_mod.init_device_mesh("cpu", _shape(size, 3), mesh_dim_names=("pp", "dp", "tp"))
+def test_concatenate_3d(dist, size, mesh_mod, mesh_shape):
+    mesh_3d = mesh_mod.init_device_mesh("cpu", mesh_shape(3), mesh_dim_names=("pp", "dp", "tp"))
     concatenated_mesh = mesh_mod.DeviceMesh._concatenate([mesh_3d["dp"], mesh_3d["tp"]])
     dp_tp_mesh = mesh_3d["dp", "tp"]
     assert concatenated_mesh.mesh.tolist() == dp_tp_mesh.mesh.tolist()
@@ -627,8 +620,8 @@ def test_concatenate_3d(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_reconstruct_mesh_with_flatten_dim(dist, size, mesh_mod):
-    shape = _shape(size, 3)
+def test_reconstruct_mesh_with_flatten_dim(dist, size, mesh_mod, mesh_shape):
+    shape = mesh_shape(3)
     mesh_3d = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard", "cp"))
     shard_cp_mesh = mesh_3d["shard", "cp"]._flatten()
     with pytest.warns(UserWarning, match="Slicing a flattened dim from root mesh"):
@@ -648,8 +641,8 @@ def test_reconstruct_mesh_with_flatten_dim(dist, size, mesh_mod):
 
 # -- TestMeshEnv -------------------------------------------------------------------------------
 @pytest.mark.mpi(min_size=1)
-def test_get_root_mesh(dist, size, mesh_mod):
-    mesh_3d = mesh_mod.init_device_mesh("cpu", _shape(size, 3), mesh_dim_names=("dp", "cp", "tp"))
+def test_get_root_mesh(dist, size, mesh_mod, mesh_shape):
+    mesh_3d = mesh_mod.init_device_mesh("cpu", mesh_shape(3), mesh_dim_names=("dp", "cp", "tp"))
     slices = [mesh_3d["dp", "cp"], mesh_3d["dp", "tp"], mesh_3d["cp", "tp"],
               mesh_3d["dp"], mesh_3d["cp"], mesh_3d["tp"]]
     with pytest.warns(UserWarning, match="get_root_mesh API will be deprecated"):
@@ -660,8 +653,8 @@ def test_get_root_mesh(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_root_mesh_dim_exist(dist, size, mesh_mod):
-    mesh_2d = mesh_mod.init_device_mesh("cpu", _shape(size, 2), mesh_dim_names=("DP", "TP"))
+def test_get_root_mesh_dim_exist(dist, size, mesh_mod, mesh_shape):
+    mesh_2d = mesh_mod.init_device_mesh("cpu", mesh_shape(2), mesh_dim_names=("DP", "TP"))
     assert mesh_2d["DP"]._get_root_mesh_dim() == 0
     assert mesh_2d["TP"]._get_root_mesh_dim() == 1
 
@@ -673,8 +666,8 @@ def test_get_root_mesh_dim_not_exist(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_mesh_dim_by_name(dist, size, mesh_mod):
-    mesh_2d = mesh_mod.init_device_mesh("cpu", _shape(size, 2), mesh_dim_names=("DP", "TP"))
+def test_get_mesh_dim_by_name(dist, size, mesh_mod, mesh_shape):
+    mesh_2d = mesh_mod.init_device_mesh("cpu", mesh_shape(2), mesh_dim_names=("DP", "TP"))
     assert mesh_2d._get_mesh_dim_by_name("DP") == 0
     assert mesh_2d._get_mesh_dim_by_name("TP") == 1
     with pytest.raises(KeyError, match="Mesh dimension 'PP' does not exist."):
@@ -684,8 +677,8 @@ def test_get_mesh_dim_by_name(dist, size, mesh_mod):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_get_all_submeshes(dist, rank, size, mesh_mod):
-    shape = _shape(size, 2)
+def test_get_all_submeshes(dist, rank, size, mesh_mod, mesh_shape):
+    shape = mesh_shape(2)
     mesh_2d = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
     all_submeshes = mesh_2d._get_all_submeshes("replicate")
     assert len(all_submeshes) == shape[1]
