@@ -5,8 +5,9 @@ DeviceMesh on CPU. torch runs most of them at 4 or 8 ranks with fixed shapes; he
 mesh shape follows the world size (the ``mesh_shape`` fixture: a (2, 2, 2) mesh at 8
 ranks is (2, 2, 1) at 4 and (2, 1, 1) at 2) and expected ranks come from NumPy, so each
 test runs at 1, 2 and 4 ranks and, through ``test_device_mesh_port_at_8_ranks``, at
-torch's 8. Tests whose shape needs more ranks skip (pytest-mpi's min_size). torch's collective tests are in
-``test_device_mesh_collectives_port.py``; what cannot apply is in ``NOT_PORTED.md``.
+torch's 8. Tests whose shape needs more ranks skip (pytest-mpi's min_size). torch's
+collective tests are in ``test_device_mesh_collectives_port.py``; what cannot apply is
+in ``NOT_PORTED.md``.
 """
 import os
 import re
