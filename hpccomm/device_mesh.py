@@ -176,7 +176,8 @@ class DeviceMesh:
         self._shape = tuple(int(s) for s in (ranks.shape if mesh is not None else
                                              (layouts.numel(d) for d in dims)))
         self._rank_map = rank_map
-        self._flatten_rank_map = tuple(int(r) for r in rank_map)
+        self._flatten_rank_map = (_root_mesh._flatten_rank_map if _root_mesh is not None
+                                  else tuple(int(r) for r in rank_map))
         self._mesh_dim_names = self._check_names(mesh_dim_names, op)
         self._root_mesh = _root_mesh
         self._backends = self._check_overrides(backend_override, op)
