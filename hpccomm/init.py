@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import debug
 from .errors import DistValueError
-from .group import ProcessGroup, _backend_map, _mpi, destroy, registry, resolve
+from .group import ProcessGroup, _backend_map, _mpi, destroy, is_non_member, registry, resolve
 from .types import Backend, DebugLevel, default_pg_timeout, timeout_seconds
 from .work import POLLS_SHARED, set_oversubscribed
 
@@ -165,6 +165,10 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if registry.world is not None:
         raise DistValueError("init_process_group: the default process group is already "
                              "initialized (call destroy_process_group() first)")
+    if isinstance(backend, str) and backend.lower() == "mpi" and (world_size != -1 or rank != -1):
+        warnings.warn(f"For MPI backend, world_size ({world_size}) and rank ({rank}) are "
+                      f"ignored since they are assigned by the MPI runtime.", stacklevel=2)
+        world_size = rank = -1  # as torch: the MPI backend takes them from MPI
     mpi = _mpi()
     world_comm = mpi.world()
     mpi_rank, mpi_size = world_comm.Get_rank(), world_comm.Get_size()
@@ -280,6 +284,8 @@ def destroy_process_group(group: Any = None) -> None:
     MPI itself stays initialized, so ``init_process_group`` may be called again.
     """
     if group is not None:
+        if is_non_member(group):
+            return  # as torch: nothing to destroy on a rank outside the group
         destroy(resolve(group, "destroy_process_group"))
         return
     if registry.world is None:

@@ -169,21 +169,24 @@ class Backend(str):
         return cls._aliases.get(key, key)
 
 
-class _NonGroupMember:
-    """What ``new_group`` returns on ranks that are not in the new group."""
+class _NonGroupMember(int):
+    """What ``new_group`` returns on ranks that are not in the new group.
+
+    Equal to ``-100``, torch's ``GroupMember.NON_GROUP_MEMBER``, so code that compares
+    with ``==`` or passes the plain value keeps working; ``is`` works as well.
+    """
 
     _instance: Optional["_NonGroupMember"] = None
 
     def __new__(cls) -> "_NonGroupMember":
         if cls._instance is None:
-            cls._instance = super().__new__(cls)
+            cls._instance = super().__new__(cls, -100)
         return cls._instance
 
     def __repr__(self) -> str:
         return "GroupMember.NON_GROUP_MEMBER"
 
-    def __bool__(self) -> bool:
-        return False
+    __str__ = __repr__
 
     def __reduce__(self) -> str:
         return "NON_GROUP_MEMBER"
