@@ -357,3 +357,8 @@ def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = N
         return skip("barrier")
     return _call.launch(pg, "barrier", pg.cpu.barrier, (), None, async_op,
                         timeout=timeout_seconds(timeout))
+
+
+#: torch 2.13's names for the two ``_tensor`` collectives (it deprecates the old names).
+all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor
