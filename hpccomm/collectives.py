@@ -351,10 +351,16 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
 
 def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = None,
             timeout: Any = None) -> Optional[Work]:
-    """Return once every rank of the group has entered the barrier (or raise on timeout)."""
+    """Return once every rank of the group has entered the barrier (or raise on timeout).
+
+    As in torch, the barrier first waits for the group's earlier async collectives, so
+    their results are in place when it returns, whether or not their Work was kept.
+    """
     pg = member_group(group, "barrier")
     if pg is None:
         return skip("barrier")
+    if pg.pending:
+        pg.finish_pending()
     return _call.launch(pg, "barrier", pg.cpu.barrier, (), None, async_op,
                         timeout=timeout_seconds(timeout))
 

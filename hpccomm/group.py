@@ -42,6 +42,8 @@ class ProcessGroup:
         self.timeout = timeout
         self.backend_names = dict(backends)
         self.seq = 0
+        #: Async operations started on this group and maybe not finished (see :meth:`track`).
+        self.pending: List[Any] = []
         self.live = True
         self._communicators: Dict[str, Any] = {}
         self.cpu = self.communicator("cpu")
@@ -95,6 +97,30 @@ class ProcessGroup:
                                    f"cannot start backend '{name}' for {device}: {exc}") from exc
         self._communicators[device] = made
         return made
+
+    # -- async operations ---------------------------------------------------------------
+    #: Operations a barrier does not wait for: a peer may post its side after the barrier.
+    _P2P_OPS = frozenset(("isend", "irecv"))
+
+    def track(self, work: Any) -> None:
+        """Keep an async operation (and so its buffers) until it is known to be finished,
+        so that :meth:`finish_pending` can complete it; finished ones are dropped every
+        64 operations."""
+        pending = self.pending
+        if len(pending) >= 64:
+            pending[:] = [w for w in pending if not w.is_completed()]
+        pending.append(work)
+
+    def finish_pending(self) -> None:
+        """Wait for every async collective started on this group, as torch's barrier
+        does ("barrier implies wait"); point-to-point operations stay pending."""
+        pending, self.pending = self.pending, []
+        for work in pending:
+            if work.op in self._P2P_OPS:
+                if not work.is_completed():
+                    self.pending.append(work)
+            else:
+                work.wait()
 
     # -- rank translation -------------------------------------------------------------
     def group_rank(self, global_rank: int, op: str = "get_group_rank", what: str = "rank") -> int:

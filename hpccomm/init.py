@@ -13,6 +13,7 @@ initialized it already; ``destroy_process_group`` never finalizes it, so a later
 """
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import logging
 import os
@@ -146,7 +147,9 @@ def _make_store(init_method: Optional[str], store: Any, rank: int, size: int,
         return stores.TCPStore(host.strip("[]"), int(port), size, is_master=rank == 0,
                                timeout=timeout)
     if init_method.startswith("file://"):
-        return stores.FileStore(init_method[len("file://"):], size)
+        made = stores.FileStore(init_method[len("file://"):], size)
+        made.set_timeout(datetime.timedelta(seconds=timeout))  # as torch: the group's
+        return made
     raise DistValueError(f"init_method {init_method!r} is not supported; use env://, "
                          f"tcp://host:port, file://path, or leave it unset under a launcher")
 
