@@ -13,6 +13,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from . import _call
+from ._arrays import dtype_family
 from .group import GroupLike, member_group, skip
 from .types import ReduceOp, timeout_seconds
 from .work import Work
@@ -71,10 +72,17 @@ def _uneven_counts(sizes: Sequence[int]) -> Optional[List[int]]:
 def _array_list(pg, op: str, comm, dtype, tensors: Sequence[Any], what: str,
                 output: bool = True) -> List[Any]:
     """Validate a per-rank list of arrays (one per rank, same device, and dtype ``dtype``
-    unless it is ``None``: then :func:`_same_real_dtype` checks the dtypes)."""
+    unless it is ``None``: then :func:`_same_real_dtype` checks the dtypes).
+
+    Output lists are written through a staging buffer (:func:`_scatter_into`), so, as
+    in torch, their arrays may be non-contiguous views.
+    """
     arrays = []
     for index, tensor in enumerate(_call.count_list(pg, op, tensors, what)):
-        item_comm, arr = _call.array(pg, op, tensor, f"{what}[{index}]", output=output)
+        if output and type(tensor) is np.ndarray and not tensor.flags.c_contiguous:
+            item_comm, arr = pg.cpu, _strided_output(pg, op, tensor, f"{what}[{index}]")
+        else:
+            item_comm, arr = _call.array(pg, op, tensor, f"{what}[{index}]", output=output)
         _call.same_device(pg, op, comm, item_comm, f"{what}[{index}]")
         if dtype is not None:
             _call.same_dtype(pg, op, dtype, arr, f"{what}[{index}]")
@@ -108,9 +116,22 @@ def _same_real_dtype(arr: Any, arrays: List[Any], pg, op: str, what: str):
 
 
 def _as_real(arr: Any) -> Any:
-    """A complex array as a view of its real and imaginary parts, else the array."""
+    """A contiguous complex array as a flat view of its real and imaginary parts, else
+    the array itself."""
     real = _REAL_OF.get(arr.dtype)
-    return arr if real is None else arr.reshape(-1).view(real)
+    if real is None or not arr.flags.c_contiguous:
+        return arr
+    return arr.reshape(-1).view(real)
+
+
+def _strided_output(pg, op: str, arr: np.ndarray, what: str) -> np.ndarray:
+    """A non-contiguous NumPy output array, after the checks :func:`_call.array` makes:
+    it is written from the staging buffer, never handed to MPI, so any layout works."""
+    if not arr.flags.writeable:
+        raise pg.error(op, f"{what} is read-only, but results are written into it")
+    if dtype_family(arr.dtype) is None:
+        raise pg.error(op, f"{what} has dtype {arr.dtype}, which cannot be communicated")
+    return arr
 
 
 def _scatter_into(staging: Any, outputs: Sequence[Any]):
@@ -118,7 +139,7 @@ def _scatter_into(staging: Any, outputs: Sequence[Any]):
     def copy_out() -> None:
         offset = 0
         for out in outputs:
-            out.reshape(-1)[...] = staging[offset:offset + out.size]
+            out[...] = staging[offset:offset + out.size].reshape(out.shape)
             offset += out.size
     return copy_out
 
