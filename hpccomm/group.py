@@ -44,6 +44,7 @@ class ProcessGroup:
         self.seq = 0
         #: Async operations started on this group and maybe not finished (see :meth:`track`).
         self.pending: List[Any] = []
+        self._prune_at = 64
         self.live = True
         self._communicators: Dict[str, Any] = {}
         self.cpu = self.communicator("cpu")
@@ -104,11 +105,12 @@ class ProcessGroup:
 
     def track(self, work: Any) -> None:
         """Keep an async operation (and so its buffers) until it is known to be finished,
-        so that :meth:`finish_pending` can complete it; finished ones are dropped every
-        64 operations."""
+        so that :meth:`finish_pending` can complete it. Finished ones are dropped when
+        the list doubles (at least 64), so tracking costs O(1) per operation."""
         pending = self.pending
-        if len(pending) >= 64:
+        if len(pending) >= self._prune_at:
             pending[:] = [w for w in pending if not w.is_completed()]
+            self._prune_at = max(64, 2 * len(pending))
         pending.append(work)
 
     def finish_pending(self) -> None:
