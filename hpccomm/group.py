@@ -151,6 +151,7 @@ class ProcessGroup:
         if not self.live:
             return
         self.live = False
+        self.pending = []
         for communicator in list(self._communicators.values()):
             try:
                 communicator.abort() if abort else communicator.shutdown()
