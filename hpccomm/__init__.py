@@ -5,9 +5,9 @@ CuPy (CUDA) arrays. Importing is light: MPI starts in ``init_process_group``.
 This module only re-exports.
 """
 from ._version import __version__
-from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all,
-                          all_to_all_single, barrier, broadcast, gather, reduce,
-                          reduce_scatter, reduce_scatter_tensor, scatter)
+from .collectives import (all_gather, all_gather_into_tensor, all_gather_single, all_reduce,
+                          all_to_all, all_to_all_single, barrier, broadcast, gather, reduce,
+                          reduce_scatter, reduce_scatter_single, reduce_scatter_tensor, scatter)
 from .debug import get_debug_level, set_debug_level, set_debug_level_from_env
 from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import (DistBackendError, DistDesyncError, DistError, DistNetworkError,

@@ -47,7 +47,8 @@ _OPS_FOR = {
               RedOpType.AVG, RedOpType.PREMUL_SUM},
     "bfloat16": {RedOpType.SUM, RedOpType.PRODUCT, RedOpType.MIN, RedOpType.MAX,
                  RedOpType.AVG, RedOpType.PREMUL_SUM},
-    "complex": {RedOpType.SUM, RedOpType.PRODUCT, RedOpType.AVG, RedOpType.PREMUL_SUM},
+    # torch's denylist for complex tensors: MAX, MIN, PRODUCT and the bitwise ops
+    "complex": {RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM},
 }
 
 
@@ -57,12 +58,13 @@ def reduce_problem(kind: RedOpType, dtype: Any) -> Optional[str]:
     if family is None:
         return f"dtype {dtype} is not supported (supported: {SUPPORTED_DTYPES})"
     if kind not in _OPS_FOR[family]:
-        if kind in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
+        if kind in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR) and family != "complex":
             return f"bitwise op {kind.name} needs an integer or bool dtype, not {dtype}"
         if kind in (RedOpType.AVG, RedOpType.PREMUL_SUM):
             return f"{kind.name} needs a floating or complex dtype, not {dtype}"
         if family == "complex":
-            return f"{kind.name} is not defined for complex dtype {dtype}"
+            return (f"{kind.name} is not supported on complex tensors (dtype {dtype}); "
+                    f"SUM, AVG and PREMUL_SUM are")
         return f"op {kind.name} is not supported for dtype {dtype}"
     return None
 

@@ -227,6 +227,7 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
     if async_op or recorder is not None or type(started) is not tuple:
         work = _work(started, pg, op, seq, arr, peer, timeout, result, after, keep)
         if async_op:
+            pg.track(work)  # kept until finished; barrier() waits for collectives
             return work
         work.wait()
         return work._value

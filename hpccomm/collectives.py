@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
+import numpy as np
+
 from . import _call
-from .group import GroupLike, resolve
+from ._arrays import dtype_family
+from .group import GroupLike, member_group, skip
 from .types import ReduceOp, timeout_seconds
 from .work import Work
 
@@ -20,8 +23,13 @@ _SUM = ReduceOp.SUM
 
 def broadcast(tensor: Any, src: Optional[int] = None, group: GroupLike = None,
               async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
-    """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group."""
-    pg = resolve(group, "broadcast")
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group.
+
+    ``src`` (global) or ``group_src`` is required, as in torch 2.13.
+    """
+    pg = member_group(group, "broadcast")
+    if pg is None:
+        return skip("broadcast", src, group_src, "src", required=True)
     root = _call.root(pg, "broadcast", src, group_src, "src")
     comm, arr = _call.array(pg, "broadcast", tensor)
     return _call.launch(pg, "broadcast", comm.broadcast, (arr, root), arr, async_op, root,
@@ -31,7 +39,9 @@ def broadcast(tensor: Any, src: Optional[int] = None, group: GroupLike = None,
 def all_reduce(tensor: Any, op: Any = _SUM, group: GroupLike = None,
                async_op: bool = False) -> Optional[Work]:
     """Reduce ``tensor`` over the group; every rank gets the result in ``tensor``."""
-    pg = resolve(group, "all_reduce")
+    pg = member_group(group, "all_reduce")
+    if pg is None:
+        return skip("all_reduce")
     comm, arr, kind, factor = _call.reduce_operand(pg, "all_reduce", tensor, op)
     return _call.launch(pg, "all_reduce", comm.all_reduce, (arr, kind, factor), arr,
                         async_op, result=(tensor,))
@@ -39,8 +49,13 @@ def all_reduce(tensor: Any, op: Any = _SUM, group: GroupLike = None,
 
 def reduce(tensor: Any, dst: Optional[int] = None, op: Any = _SUM, group: GroupLike = None,
            async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
-    """Reduce ``tensor`` over the group into ``tensor`` of rank ``dst`` only."""
-    pg = resolve(group, "reduce")
+    """Reduce ``tensor`` over the group into ``tensor`` of rank ``dst`` only.
+
+    ``dst`` (global) or ``group_dst`` is required, as in torch 2.13.
+    """
+    pg = member_group(group, "reduce")
+    if pg is None:
+        return skip("reduce", dst, group_dst, "dst", required=True)
     root = _call.root(pg, "reduce", dst, group_dst, "dst")
     comm, arr, kind, factor = _call.reduce_operand(pg, "reduce", tensor, op,
                                                    output=pg.rank() == root)
@@ -56,14 +71,67 @@ def _uneven_counts(sizes: Sequence[int]) -> Optional[List[int]]:
 
 def _array_list(pg, op: str, comm, dtype, tensors: Sequence[Any], what: str,
                 output: bool = True) -> List[Any]:
-    """Validate a per-rank list of arrays (one per rank, same device and dtype)."""
+    """Validate a per-rank list of arrays (one per rank, same device, and dtype ``dtype``
+    unless it is ``None``: then :func:`_same_real_dtype` checks the dtypes).
+
+    Output lists are written through a staging buffer (:func:`_scatter_into`), so, as
+    in torch, their arrays may be non-contiguous views.
+    """
     arrays = []
     for index, tensor in enumerate(_call.count_list(pg, op, tensors, what)):
-        item_comm, arr = _call.array(pg, op, tensor, f"{what}[{index}]", output=output)
+        if output and type(tensor) is np.ndarray and not tensor.flags.c_contiguous:
+            item_comm, arr = pg.cpu, _strided_output(pg, op, tensor, f"{what}[{index}]")
+        else:
+            item_comm, arr = _call.array(pg, op, tensor, f"{what}[{index}]", output=output)
         _call.same_device(pg, op, comm, item_comm, f"{what}[{index}]")
-        _call.same_dtype(pg, op, dtype, arr, f"{what}[{index}]")
+        if dtype is not None:
+            _call.same_dtype(pg, op, dtype, arr, f"{what}[{index}]")
         arrays.append(arr)
     return arrays
+
+
+#: Complex dtype -> its element type: torch views complex tensors as real ones, so a
+#: complex array may meet arrays of its element type in one operation.
+_REAL_OF = {np.dtype(np.complex64): np.dtype(np.float32),
+            np.dtype(np.complex128): np.dtype(np.float64)}
+
+
+def _same_real_dtype(arr: Any, arrays: List[Any], pg, op: str, what: str):
+    """``(arr, arrays)`` with complex arrays viewed as their element type, as torch views
+    complex tensors as real ones (so complex and real arrays of that type may meet, on one
+    rank or across ranks), after checking that they all share one dtype."""
+    if arr.dtype in _REAL_OF:
+        arr = _as_real(arr)
+    dtype = arr.dtype
+    for index, item in enumerate(arrays):
+        if item.dtype is not dtype and item.dtype != dtype:
+            if item.dtype in _REAL_OF and _REAL_OF[item.dtype] == dtype:
+                arrays[index] = _as_real(item)
+                continue
+            raise pg.error(op, f"tensors with different dtypes: {what}[{index}] has dtype "
+                               f"{item.dtype}, expected {dtype} (all arrays of one "
+                               f"operation share a dtype; complex ones count as their "
+                               f"element type)")
+    return arr, arrays
+
+
+def _as_real(arr: Any) -> Any:
+    """A contiguous complex array as a flat view of its real and imaginary parts, else
+    the array itself."""
+    real = _REAL_OF.get(arr.dtype)
+    if real is None or not arr.flags.c_contiguous:
+        return arr
+    return arr.reshape(-1).view(real)
+
+
+def _strided_output(pg, op: str, arr: np.ndarray, what: str) -> np.ndarray:
+    """A non-contiguous NumPy output array, after the checks :func:`_call.array` makes:
+    it is written from the staging buffer, never handed to MPI, so any layout works."""
+    if not arr.flags.writeable:
+        raise pg.error(op, f"{what} is read-only, but results are written into it")
+    if dtype_family(arr.dtype) is None:
+        raise pg.error(op, f"{what} has dtype {arr.dtype}, which cannot be communicated")
+    return arr
 
 
 def _scatter_into(staging: Any, outputs: Sequence[Any]):
@@ -71,7 +139,7 @@ def _scatter_into(staging: Any, outputs: Sequence[Any]):
     def copy_out() -> None:
         offset = 0
         for out in outputs:
-            out.reshape(-1)[...] = staging[offset:offset + out.size]
+            out[...] = staging[offset:offset + out.size].reshape(out.shape)
             offset += out.size
     return copy_out
 
@@ -89,9 +157,12 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
                async_op: bool = False) -> Optional[Work]:
     """Gather every rank's ``tensor`` into ``tensor_list`` on every rank (sizes may differ)."""
     op = "all_gather"
-    pg = resolve(group, op)
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op)
     comm, arr = _call.array(pg, op, tensor, output=False)
-    outputs = _array_list(pg, op, comm, arr.dtype, tensor_list, "tensor_list")
+    arr, outputs = _same_real_dtype(arr, _array_list(pg, op, comm, None, tensor_list,
+                                                     "tensor_list"), pg, op, "tensor_list")
     counts = [out.size for out in outputs]
     if counts[pg.rank()] != arr.size:
         raise pg.error(op, f"tensor has {arr.size} elements but tensor_list[{pg.rank()}] "
@@ -110,7 +181,9 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     in place (``MPI_IN_PLACE``) with no extra copy.
     """
     op = "all_gather_into_tensor"
-    pg = resolve(group, op)
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op)
     comm, out, arr = _call.pair(pg, op, output_tensor, input_tensor, "output_tensor",
                                 "input_tensor")
     size = pg.size()
@@ -125,19 +198,28 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
 def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[int] = None,
            group: GroupLike = None, async_op: bool = False,
            group_dst: Optional[int] = None) -> Optional[Work]:
-    """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst``."""
+    """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst``.
+
+    With neither ``dst`` nor ``group_dst``, the destination is global rank 0 (torch).
+    """
     op = "gather"
-    pg = resolve(group, op)
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op)
+    if dst is None and group_dst is None:
+        dst = 0
     root = _call.root(pg, op, dst, group_dst, "dst")
     comm, arr = _call.array(pg, op, tensor, output=False)
+    arr = _as_real(arr)
     if pg.rank() != root:
         if gather_list:
             raise pg.error(op, "gather_list must be None or empty on ranks other than dst")
         return _call.launch(pg, op, comm.gather, (arr.reshape(-1), None, root, []), arr,
                             async_op, root)
-    if gather_list is None:
+    if not gather_list:
         raise pg.error(op, "gather_list is required on the destination rank")
-    outputs = _array_list(pg, op, comm, arr.dtype, gather_list, "gather_list")
+    arr, outputs = _same_real_dtype(arr, _array_list(pg, op, comm, None, gather_list,
+                                                     "gather_list"), pg, op, "gather_list")
     counts = [out.size for out in outputs]
     if counts[root] != arr.size:
         raise pg.error(op, f"tensor has {arr.size} elements but gather_list[{root}] has "
@@ -151,19 +233,29 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
 def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None,
             group: GroupLike = None, async_op: bool = False,
             group_src: Optional[int] = None) -> Optional[Work]:
-    """Give entry ``i`` of ``scatter_list`` on rank ``src`` to ``tensor`` of group rank ``i``."""
+    """Give entry ``i`` of ``scatter_list`` on rank ``src`` to ``tensor`` of group rank ``i``.
+
+    With neither ``src`` nor ``group_src``, the source is global rank 0 (torch).
+    """
     op = "scatter"
-    pg = resolve(group, op)
+    if src is None and group_src is None:
+        src = 0
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op, src, group_src, "src")
     root = _call.root(pg, op, src, group_src, "src")
     comm, out = _call.array(pg, op, tensor)
+    out = _as_real(out)
     if pg.rank() != root:
         if scatter_list:
             raise pg.error(op, "scatter_list must be None or empty on ranks other than src")
         return _call.launch(pg, op, comm.scatter, (None, out.reshape(-1), root, []), out,
                             async_op, root, result=(tensor,))
-    if scatter_list is None:
+    if not scatter_list:
         raise pg.error(op, "scatter_list is required on the source rank")
-    inputs = _array_list(pg, op, comm, out.dtype, scatter_list, "scatter_list", output=False)
+    out, inputs = _same_real_dtype(out, _array_list(pg, op, comm, None, scatter_list,
+                                                    "scatter_list", output=False),
+                                   pg, op, "scatter_list")
     counts = [arr.size for arr in inputs]
     if counts[root] != out.size:
         raise pg.error(op, f"tensor has {out.size} elements but scatter_list[{root}] has "
@@ -177,14 +269,18 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: Gr
                    async_op: bool = False) -> Optional[Work]:
     """Reduce ``input_list`` element-wise over ranks; rank ``i`` gets entry ``i`` in ``output``."""
     name = "reduce_scatter"
-    pg = resolve(group, name)
+    pg = member_group(group, name)
+    if pg is None:
+        return skip(name)
     comm, out = _call.array(pg, name, output, "output")
-    inputs = _array_list(pg, name, comm, out.dtype, input_list, "input_list", output=False)
+    inputs = _array_list(pg, name, comm, None, input_list, "input_list", output=False)
+    complex_dtype = next((a.dtype for a in [out, *inputs] if a.dtype in _REAL_OF), out.dtype)
+    kind, factor = _call.reduction(pg, name, op, complex_dtype)  # complex: SUM/AVG only
+    out, inputs = _same_real_dtype(out, inputs, pg, name, "input_list")
     counts = [arr.size for arr in inputs]
     if counts[pg.rank()] != out.size:
         raise pg.error(name, f"output has {out.size} elements but input_list[{pg.rank()}] "
                              f"has {counts[pg.rank()]}")
-    kind, factor = _call.reduction(pg, name, op, out.dtype)
     staging = _concatenate(inputs, out)
     return _call.launch(pg, name, comm.reduce_scatter,
                         (staging, out.reshape(-1), kind, factor, _uneven_counts(counts)), out,
@@ -195,7 +291,9 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupL
                           async_op: bool = False) -> Optional[Work]:
     """Reduce ``input`` over ranks; rank ``i`` gets block ``i`` of the result in ``output``."""
     name = "reduce_scatter_tensor"
-    pg = resolve(group, name)
+    pg = member_group(group, name)
+    if pg is None:
+        return skip(name)
     comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
     if arr.size != out.size * pg.size():
         raise pg.error(name, f"input has {arr.size} elements, expected {pg.size()} x "
@@ -231,7 +329,9 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List
     ``MPI_Alltoallv``. All ranks must pass split sizes, or none.
     """
     name = "all_to_all_single"
-    pg = resolve(group, name)
+    pg = member_group(group, name)
+    if pg is None:
+        return skip(name)
     comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
     arr = _call.apart(arr, out)  # in place: output is input
     if output_split_sizes is None and input_split_sizes is None:
@@ -249,12 +349,17 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
                group: GroupLike = None, async_op: bool = False) -> Optional[Work]:
     """Send ``input_tensor_list[j]`` to rank ``j``; receive rank ``j``'s into ``output[j]``."""
     name = "all_to_all"
-    pg = resolve(group, name)
+    pg = member_group(group, name)
+    if pg is None:
+        return skip(name)
     first_raw = _call.count_list(pg, name, input_tensor_list, "input_tensor_list")[0]
     comm, first = _call.array(pg, name, first_raw, "input_tensor_list[0]", output=False)
-    inputs = _array_list(pg, name, comm, first.dtype, input_tensor_list, "input_tensor_list",
+    inputs = _array_list(pg, name, comm, None, input_tensor_list, "input_tensor_list",
                          output=False)
-    outputs = _array_list(pg, name, comm, first.dtype, output_tensor_list, "output_tensor_list")
+    outputs = _array_list(pg, name, comm, None, output_tensor_list, "output_tensor_list")
+    first, both = _same_real_dtype(inputs[0], inputs + outputs, pg, name,
+                                   "(input_tensor_list + output_tensor_list)")
+    inputs, outputs = both[:len(inputs)], both[len(inputs):]
     staging_in = _concatenate(inputs, inputs[0])
     staging_out = _call.empty(first, sum(out.size for out in outputs))
     return _call.launch(pg, name, comm.all_to_all,
@@ -267,7 +372,20 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
 
 def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = None,
             timeout: Any = None) -> Optional[Work]:
-    """Return once every rank of the group has entered the barrier (or raise on timeout)."""
-    pg = resolve(group, "barrier")
+    """Return once every rank of the group has entered the barrier (or raise on timeout).
+
+    As in torch, the barrier first waits for the group's earlier async collectives, so
+    their results are in place when it returns, whether or not their Work was kept.
+    """
+    pg = member_group(group, "barrier")
+    if pg is None:
+        return skip("barrier")
+    if pg.pending:
+        pg.finish_pending()
     return _call.launch(pg, "barrier", pg.cpu.barrier, (), None, async_op,
                         timeout=timeout_seconds(timeout))
+
+
+#: torch 2.13's names for the two ``_tensor`` collectives (it deprecates the old names).
+all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor

@@ -8,6 +8,7 @@ part. The registry of live groups is one explicit object, :data:`registry`.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import rendezvous
@@ -41,6 +42,9 @@ class ProcessGroup:
         self.timeout = timeout
         self.backend_names = dict(backends)
         self.seq = 0
+        #: Async operations started on this group and maybe not finished (see :meth:`track`).
+        self.pending: List[Any] = []
+        self._prune_at = 64
         self.live = True
         self._communicators: Dict[str, Any] = {}
         self.cpu = self.communicator("cpu")
@@ -95,19 +99,45 @@ class ProcessGroup:
         self._communicators[device] = made
         return made
 
+    # -- async operations ---------------------------------------------------------------
+    #: Operations a barrier does not wait for: a peer may post its side after the barrier.
+    _P2P_OPS = frozenset(("isend", "irecv"))
+
+    def track(self, work: Any) -> None:
+        """Keep an async operation (and so its buffers) until it is known to be finished,
+        so that :meth:`finish_pending` can complete it. Finished ones are dropped when
+        the list doubles (at least 64), so tracking costs O(1) per operation."""
+        pending = self.pending
+        if len(pending) >= self._prune_at:
+            pending[:] = [w for w in pending if not w.is_completed()]
+            self._prune_at = max(64, 2 * len(pending))
+        pending.append(work)
+
+    def finish_pending(self) -> None:
+        """Wait for every async collective started on this group, as torch's barrier
+        does ("barrier implies wait"); point-to-point operations stay pending."""
+        pending, self.pending = self.pending, []
+        for work in pending:
+            if work.op in self._P2P_OPS:
+                if not work.is_completed():
+                    self.pending.append(work)
+            else:
+                work.wait()
+
     # -- rank translation -------------------------------------------------------------
     def group_rank(self, global_rank: int, op: str = "get_group_rank", what: str = "rank") -> int:
         """The group rank of ``global_rank``; a clear error if it is not a member."""
         found = self.rank_of.get(global_rank)
         if found is None:
-            raise self.error(op, f"{what} {global_rank} is not a member of this group "
-                                 f"(members: global ranks {list(self.ranks)})")
+            raise self.error(op, f"{what} {global_rank} is not part of group "
+                                 f"'{self.group_name}' (members: global ranks "
+                                 f"{list(self.ranks)})")
         return found
 
     def global_rank(self, group_rank: int, op: str = "get_global_rank", what: str = "rank") -> int:
         if not isinstance(group_rank, int) or not 0 <= group_rank < self._size:
-            raise self.error(op, f"{what} {group_rank!r} is out of range for a group of "
-                                 f"size {self._size}")
+            raise self.error(op, f"{what} {group_rank!r} is not part of group "
+                                 f"'{self.group_name}' (out of range for its size {self._size})")
         return self.ranks[group_rank]
 
     def error(self, op: str, message: str) -> DistValueError:
@@ -121,6 +151,7 @@ class ProcessGroup:
         if not self.live:
             return
         self.live = False
+        self.pending = []
         for communicator in list(self._communicators.values()):
             try:
                 communicator.abort() if abort else communicator.shutdown()
@@ -187,8 +218,13 @@ def not_initialized(op: str) -> DistValueError:
                           f"call hpccomm.init_process_group() first")
 
 
-def resolve(group: GroupLike, op: str) -> ProcessGroup:
-    """The live ``ProcessGroup`` meant by ``group`` (``None`` = default), or a clear error."""
+def member_group(group: GroupLike, op: str) -> Optional[ProcessGroup]:
+    """The live ``ProcessGroup`` meant by ``group`` (``None`` = default), or ``None`` when
+    ``group`` says this rank is not a member (``GroupMember.NON_GROUP_MEMBER``).
+
+    The two common cases (``None`` and a ``ProcessGroup``) are tested first, so the
+    non-member test costs only the unusual cases.
+    """
     if group is None:
         world = registry.world
         if world is None:
@@ -200,32 +236,60 @@ def resolve(group: GroupLike, op: str) -> ProcessGroup:
         if registry.world is None:
             raise not_initialized(op)
         return group
-    if group is NON_GROUP_MEMBER:
-        world = registry.world
-        rank = world.rank() if world is not None else "?"
-        raise DistValueError(f"hpccomm.{op} on global rank {rank}: this rank is not a member "
-                             f"of the group it passed (new_group returned "
-                             f"GroupMember.NON_GROUP_MEMBER here)")
+    if is_non_member(group):
+        if registry.world is None:
+            raise not_initialized(op)
+        return None
     as_group = getattr(group, "_as_process_group", None)  # e.g. a 1-D DeviceMesh
     if as_group is not None:
-        return resolve(as_group(), op)
+        return member_group(as_group(), op)
     raise TypeError(f"hpccomm.{op}: group must be a ProcessGroup or None, got "
                     f"{type(group).__name__}")
+
+
+def is_non_member(group: Any) -> bool:
+    """Whether ``group`` is ``NON_GROUP_MEMBER`` (or torch's plain ``-100``)."""
+    return group is NON_GROUP_MEMBER or (type(group) is int and group == NON_GROUP_MEMBER)
+
+
+def resolve(group: GroupLike, op: str) -> ProcessGroup:
+    """The live ``ProcessGroup`` meant by ``group`` (``None`` = default), or a clear error,
+    also when this rank is not a member (for queries that need the group itself)."""
+    pg = member_group(group, op)
+    if pg is None:
+        raise DistValueError(f"hpccomm.{op} on global rank {registry.world.rank()}: this "
+                             f"rank is not a member of the group it passed (new_group "
+                             f"returned GroupMember.NON_GROUP_MEMBER here)")
+    return pg
+
+
+def skip(op: str, rank: Optional[int] = None, group_rank: Optional[int] = None,
+         name: Optional[str] = None, required: bool = False, result: Any = None) -> Any:
+    """What an operation does on a rank outside its group, as torch does: check the
+    arguments that need no group (``src``/``group_src`` not both; given if ``required``),
+    warn, communicate nothing, and return ``result`` (``None``; ``-1`` for receives)."""
+    if name is not None:
+        if rank is not None and group_rank is not None:
+            raise DistValueError(f"hpccomm.{op}: give {name} or group_{name}, not both")
+        if required and rank is None and group_rank is None:
+            raise DistValueError(f"hpccomm.{op}: {name} (a global rank) or group_{name} "
+                                 f"(a group rank) is required")
+    warnings.warn(f"Running {op} on global rank {registry.world.rank()} which does not "
+                  f"belong to the given group.", UserWarning, stacklevel=3)
+    return result
 
 
 # -- queries ------------------------------------------------------------------------------
 def get_rank(group: GroupLike = None) -> int:
     """This process's rank in ``group`` (default group if ``None``); -1 if not a member."""
-    if group is NON_GROUP_MEMBER:
-        return -1
-    return resolve(group, "get_rank").rank()
+    pg = member_group(group, "get_rank")
+    return -1 if pg is None else pg.rank()
 
 
 def get_world_size(group: GroupLike = None) -> int:
     """Number of processes in ``group``; -1 if this rank is not a member."""
-    if group is NON_GROUP_MEMBER:
-        return -1
-    return resolve(group, "get_world_size").size()
+    pg = member_group(group, "get_world_size")
+    return -1 if pg is None else pg.size()
 
 
 def get_backend(group: GroupLike = None) -> Backend:
@@ -300,7 +364,8 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None, backen
               pg_options: Any = None, use_local_synchronization: bool = False,
               group_desc: Optional[str] = None, device_id: Any = None,
               sort_ranks: bool = True) -> Union[ProcessGroup, Any]:
-    """Create a group of the given global ranks; non-members get ``NON_GROUP_MEMBER``.
+    """Create a group of the given global ranks; non-members get ``NON_GROUP_MEMBER``
+    (``None`` with ``use_local_synchronization=True``, as torch returns there).
 
     Only members communicate (``MPI_Comm_create_group``), whatever
     ``use_local_synchronization`` says, so non-members may call it or not.
@@ -312,7 +377,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None, backen
         members.sort()
     if world.rank() not in members:
         registry.unique_name(members)  # keep name counts aligned with members' view
-        return NON_GROUP_MEMBER
+        return None if use_local_synchronization else NON_GROUP_MEMBER
     name = registry.unique_name(members)
     tag = (hash(tuple(members)) & 0x3FFF) + 1
     rendezvous.meet_members(world, members, "new_group", timeout_seconds(timeout))
@@ -329,23 +394,21 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None, backen
 def split_group(parent_pg: GroupLike = None, split_ranks: Optional[List[List[int]]] = None,
                 timeout: Any = None, pg_options: Any = None, group_desc: Optional[str] = None,
                 backend: Any = None) -> Optional[ProcessGroup]:
-    """Split ``parent_pg`` into disjoint groups of global ranks, in one ``MPI_Comm_split``.
+    """Split ``parent_pg`` into disjoint groups in one ``MPI_Comm_split``.
 
-    Every rank of the parent calls it; returns this rank's new group or ``None``.
+    As in torch, ``split_ranks`` holds *group ranks of the parent*; each split is sorted.
+    Every rank of the parent calls it; a rank in no split gets ``None``.
     """
-    parent = resolve(parent_pg, "split_group")
     if not split_ranks:
-        raise parent.error("split_group", "split_ranks must be a non-empty list of rank lists")
-    color, key, seen = None, 0, set()
-    for index, ranks in enumerate(split_ranks):
-        for position, rank in enumerate(ranks):
-            if rank in seen:
-                raise parent.error("split_group", f"rank {rank} appears in more than one split")
-            seen.add(rank)
-            parent.group_rank(rank, "split_group", "split rank")
-            if rank == parent.ranks[parent.rank()]:
-                color, key = index, position
-    names = [registry.unique_name(list(ranks)) for ranks in split_ranks]
+        raise DistValueError("hpccomm.split_group: split_ranks cannot be None or empty")
+    parent = resolve(parent_pg, "split_group")
+    splits = _check_splits(parent, split_ranks, "split_group")
+    mine = parent.rank()
+    color, key = None, 0
+    for index, ranks in enumerate(splits):
+        if mine in ranks:
+            color, key = index, ranks.index(mine)
+    names = [registry.unique_name([parent.ranks[r] for r in ranks]) for ranks in splits]
     rendezvous.meet_all(parent, "split_group", timeout_seconds(timeout))
     try:
         comm = _mpi().split(parent.comm, color, key)
@@ -358,31 +421,53 @@ def split_group(parent_pg: GroupLike = None, split_ranks: Optional[List[List[int
     return _make_group(comm, names[color], timeout, backend, group_desc, "split_group")
 
 
+def _check_splits(parent: ProcessGroup, split_ranks: Any, op: str) -> List[List[int]]:
+    """The splits as sorted lists of parent group ranks, after torch's checks (each split
+    non-empty, no duplicates) and hpccomm's (ranks in range, no rank in two splits)."""
+    splits: List[List[int]] = []
+    seen: Dict[int, int] = {}
+    for index, ranks in enumerate(split_ranks):
+        ranks = list(ranks)
+        if not ranks:
+            raise parent.error(op, "a split cannot be empty")
+        if len(set(ranks)) != len(ranks):
+            raise parent.error(op, f"split {ranks} has duplicate ranks")
+        for rank in ranks:
+            parent.global_rank(rank, op, "split rank (a group rank of the parent)")
+            if rank in seen:
+                raise parent.error(op, f"rank {rank} appears in splits {seen[rank]} and {index}")
+            seen[rank] = index
+        splits.append(sorted(ranks))
+    return splits
+
+
 def new_subgroups_by_enumeration(ranks_per_subgroup_list: List[List[int]], timeout: Any = None,
                                  backend: Any = None, pg_options: Any = None,
                                  group_desc: Optional[str] = None
                                  ) -> Tuple[Optional[ProcessGroup], List[Any]]:
-    """Create the listed disjoint subgroups of the world in one split.
+    """Create the listed disjoint subgroups of the world (global ranks) in one split.
 
     Returns ``(this rank's subgroup or None, [subgroup per entry])``; entries this rank
     is not part of are ``NON_GROUP_MEMBER``.
     """
     world = resolve(None, "new_subgroups_by_enumeration")
     if not ranks_per_subgroup_list:
-        raise world.error("new_subgroups_by_enumeration", "the subgroup list is empty")
+        raise world.error("new_subgroups_by_enumeration",
+                          "the arg 'ranks_per_subgroup_list' cannot be empty")
     for ranks in ranks_per_subgroup_list:
         _check_ranks(ranks, "new_subgroups_by_enumeration")
-    mine = split_group(world, [list(r) for r in ranks_per_subgroup_list], timeout=timeout,
-                       group_desc=group_desc, backend=backend)
-    subgroups = [mine if mine is not None and list(mine.ranks) == list(ranks) else NON_GROUP_MEMBER
-                 for ranks in ranks_per_subgroup_list]
-    return mine, subgroups
+    return _subgroups(world, [list(r) for r in ranks_per_subgroup_list], timeout, backend,
+                      group_desc)
 
 
 def new_subgroups(group_size: Optional[int] = None, group: GroupLike = None, timeout: Any = None,
                   backend: Any = None, pg_options: Any = None, group_desc: Optional[str] = None
                   ) -> Tuple[Optional[ProcessGroup], List[Any]]:
-    """Split ``group`` (default: world) into consecutive subgroups of ``group_size`` ranks."""
+    """Split ``group`` (default: world) into consecutive subgroups of ``group_size`` ranks.
+
+    Without ``group_size`` a subgroup is the group's ranks on one node (torch uses the
+    number of CUDA devices per node and needs CUDA for it).
+    """
     parent = resolve(group, "new_subgroups")
     size = parent.size()
     if group_size is None:  # torch: one subgroup per machine
@@ -390,10 +475,16 @@ def new_subgroups(group_size: Optional[int] = None, group: GroupLike = None, tim
     if not isinstance(group_size, int) or group_size <= 0 or size % group_size:
         raise parent.error("new_subgroups", f"group_size {group_size!r} must be positive and "
                                             f"divide the group size {size}")
-    chunks = [list(parent.ranks[i:i + group_size]) for i in range(0, size, group_size)]
-    mine = split_group(parent, chunks, timeout=timeout, group_desc=group_desc, backend=backend)
-    return mine, [mine if mine is not None and list(mine.ranks) == chunk else NON_GROUP_MEMBER
-                  for chunk in chunks]
+    chunks = [list(range(i, i + group_size)) for i in range(0, size, group_size)]
+    return _subgroups(parent, chunks, timeout, backend, group_desc)
+
+
+def _subgroups(parent: ProcessGroup, splits: List[List[int]], timeout: Any, backend: Any,
+               group_desc: Optional[str]) -> Tuple[Optional[ProcessGroup], List[Any]]:
+    """``(mine, [mine or NON_GROUP_MEMBER per split])`` for splits of parent group ranks."""
+    mine = split_group(parent, splits, timeout=timeout, group_desc=group_desc, backend=backend)
+    position = next((i for i, ranks in enumerate(splits) if parent.rank() in ranks), None)
+    return mine, [mine if i == position else NON_GROUP_MEMBER for i in range(len(splits))]
 
 
 def from_communicator(comm: Any, name: str, timeout: Any = None, backend: Any = None,

@@ -13,6 +13,7 @@ initialized it already; ``destroy_process_group`` never finalizes it, so a later
 """
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import logging
 import os
@@ -23,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import debug
 from .errors import DistValueError
-from .group import ProcessGroup, _backend_map, _mpi, destroy, registry, resolve
+from .group import ProcessGroup, _backend_map, _mpi, destroy, is_non_member, registry, resolve
 from .types import Backend, DebugLevel, default_pg_timeout, timeout_seconds
 from .work import POLLS_SHARED, set_oversubscribed
 
@@ -146,7 +147,9 @@ def _make_store(init_method: Optional[str], store: Any, rank: int, size: int,
         return stores.TCPStore(host.strip("[]"), int(port), size, is_master=rank == 0,
                                timeout=timeout)
     if init_method.startswith("file://"):
-        return stores.FileStore(init_method[len("file://"):], size)
+        made = stores.FileStore(init_method[len("file://"):], size)
+        made.set_timeout(datetime.timedelta(seconds=timeout))  # as torch: the group's
+        return made
     raise DistValueError(f"init_method {init_method!r} is not supported; use env://, "
                          f"tcp://host:port, file://path, or leave it unset under a launcher")
 
@@ -165,6 +168,10 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if registry.world is not None:
         raise DistValueError("init_process_group: the default process group is already "
                              "initialized (call destroy_process_group() first)")
+    if isinstance(backend, str) and backend.lower() == "mpi" and (world_size != -1 or rank != -1):
+        warnings.warn(f"For MPI backend, world_size ({world_size}) and rank ({rank}) are "
+                      f"ignored since they are assigned by the MPI runtime.", stacklevel=2)
+        world_size = rank = -1  # as torch: the MPI backend takes them from MPI
     mpi = _mpi()
     world_comm = mpi.world()
     mpi_rank, mpi_size = world_comm.Get_rank(), world_comm.Get_size()
@@ -280,6 +287,8 @@ def destroy_process_group(group: Any = None) -> None:
     MPI itself stays initialized, so ``init_process_group`` may be called again.
     """
     if group is not None:
+        if is_non_member(group):
+            return  # as torch: nothing to destroy on a rank outside the group
         destroy(resolve(group, "destroy_process_group"))
         return
     if registry.world is None:

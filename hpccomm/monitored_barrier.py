@@ -23,7 +23,7 @@ import numpy as np
 
 from . import p2p
 from .errors import DistTimeoutError
-from .group import GroupLike, ProcessGroup, resolve
+from .group import GroupLike, ProcessGroup, member_group, skip
 from .types import timeout_seconds
 from .work import as_work
 
@@ -56,7 +56,9 @@ def monitored_barrier(group: GroupLike = None,
     ``timeout`` (``timedelta`` or seconds) defaults to the group's timeout. Rank 0 names
     the first missing rank, or all of them with ``wait_all_ranks=True``.
     """
-    pg = resolve(group, "monitored_barrier")
+    pg = member_group(group, "monitored_barrier")
+    if pg is None:  # not a member: return at once, as torch does
+        return skip("monitored_barrier")
     limit = timeout_seconds(timeout, pg.timeout)
     if limit is None:
         limit = float("inf")

@@ -6,7 +6,10 @@ and ``all_gather_object`` send each rank's count in a fixed slot of :data:`SLOT`
 that also carries the pickle when it fits, so small objects (the usual metadata) take one
 collective instead of two. Every step is an ordinary hpccomm operation, so timeouts and
 error messages apply as for arrays. As in torch, unpickling runs code chosen by the
-sender: only exchange objects with processes you trust (your own job's ranks).
+sender: only exchange objects with processes you trust (your own job's ranks), or turn
+on weights-only unpickling (:mod:`.unpickling`: an allowlist of types).
+
+A rank outside ``group`` returns at once, as in torch (``recv_object_list`` returns -1).
 """
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from . import _call, p2p
-from .group import GroupLike, ProcessGroup, resolve
+from . import _call, p2p, unpickling
+from .group import GroupLike, ProcessGroup, member_group, skip
+from .unpickling import (add_safe_globals, clear_safe_globals, get_safe_globals,  # noqa: F401
+                         safe_globals, set_weights_only, weights_only)
 
 _HEADER_TAG = p2p.INTERNAL_TAG
 _PAYLOAD_TAG = p2p.INTERNAL_TAG + 1
@@ -34,8 +39,11 @@ def _dumps(obj: Any) -> np.ndarray:
     return np.frombuffer(_pickle(obj), np.uint8)
 
 
-def _loads(payload: np.ndarray) -> Any:
-    return pickle.loads(payload.tobytes())
+def _loads(payload: Any, pg: ProcessGroup, op: str) -> Any:
+    """The object pickled in ``payload`` (bytes or a uint8 array), by the unpickling rules."""
+    data = payload if isinstance(payload, bytes) else payload.tobytes()
+    return unpickling.loads(data, lambda: f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} "
+                                          f"of group '{pg.group_name}'")
 
 
 def _run(pg: ProcessGroup, op: str, start: Any, args: tuple, arr: Any) -> None:
@@ -52,19 +60,20 @@ def _slot(data: Optional[bytes]) -> np.ndarray:
                          bytes(_INLINE - len(inline)), np.uint8)
 
 
-def _unslot(raw: bytes, offset: int = 0) -> "tuple[int, Optional[Any]]":
+def _unslot(raw: bytes, pg: ProcessGroup, op: str, offset: int = 0
+            ) -> "tuple[int, Optional[Any]]":
     """``(byte count, object)`` of the slot at ``offset``; the object is ``None`` when the
     pickle did not fit (it comes in a second round)."""
     size = int.from_bytes(raw[offset:offset + 8], "little")
     if size > _INLINE:
         return size, None
-    return size, pickle.loads(raw[offset + 8:offset + 8 + size])
+    return size, _loads(raw[offset + 8:offset + 8 + size], pg, op)
 
 
-def _blocks(payload: np.ndarray, sizes: Any) -> List[Any]:
+def _blocks(payload: np.ndarray, sizes: Any, pg: ProcessGroup, op: str) -> List[Any]:
     objects, offset = [], 0
     for size in list(sizes):
-        objects.append(_loads(payload[offset:offset + size]))
+        objects.append(_loads(payload[offset:offset + size], pg, op))
         offset += size
     return objects
 
@@ -72,9 +81,14 @@ def _blocks(payload: np.ndarray, sizes: Any) -> List[Any]:
 def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
                           group: GroupLike = None, device: Any = None,
                           group_src: Optional[int] = None) -> None:
-    """Replace ``object_list``'s entries on every rank with those of rank ``src``."""
+    """Replace ``object_list``'s entries on every rank with those of rank ``src``
+    (global rank 0 when neither ``src`` nor ``group_src`` is given, as in torch)."""
     op = "broadcast_object_list"
-    pg = resolve(group, op)
+    if src is None and group_src is None:
+        src = 0
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op, src, group_src, "src")
     root = _call.root(pg, op, src, group_src, "src")
     if not isinstance(object_list, list):
         raise pg.error(op, f"object_list must be a list, got {type(object_list).__name__}")
@@ -87,11 +101,11 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
             payload = np.frombuffer(data, np.uint8)
             _run(pg, op, pg.cpu.broadcast, (payload, root), payload)
         return
-    size, received = _unslot(slot.tobytes())
+    size, received = _unslot(slot.tobytes(), pg, op)
     if size > _INLINE:
         payload = np.empty(size, np.uint8)
         _run(pg, op, pg.cpu.broadcast, (payload, root), payload)
-        received = _loads(payload)
+        received = _loads(payload, pg, op)
     if len(received) != len(object_list):
         raise pg.error(op, f"object_list has {len(object_list)} entries here but "
                            f"{len(received)} on the source rank")
@@ -101,14 +115,16 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
 def all_gather_object(object_list: List[Any], obj: Any, group: GroupLike = None) -> None:
     """Fill ``object_list[i]`` with rank ``i``'s ``obj``, on every rank."""
     op = "all_gather_object"
-    pg = resolve(group, op)
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op)
     _call.count_list(pg, op, object_list, "object_list")
     data = _pickle(obj)
     mine = _slot(data)
     slots = np.empty(pg.size() * SLOT, np.uint8)
     _run(pg, op, pg.cpu.all_gather, (mine, slots, None), mine)
     raw = slots.tobytes()
-    found = [_unslot(raw, offset) for offset in range(0, len(raw), SLOT)]
+    found = [_unslot(raw, pg, op, offset) for offset in range(0, len(raw), SLOT)]
     sizes = [size for size, _ in found]
     if max(sizes) <= _INLINE:  # every pickle came in its slot
         object_list[:] = [item for _, item in found]
@@ -116,15 +132,20 @@ def all_gather_object(object_list: List[Any], obj: Any, group: GroupLike = None)
     gathered = np.empty(sum(sizes), np.uint8)
     payload = np.frombuffer(data, np.uint8)
     _run(pg, op, pg.cpu.all_gather, (payload, gathered, sizes), payload)
-    object_list[:] = _blocks(gathered, sizes)
+    object_list[:] = _blocks(gathered, sizes, pg, op)
 
 
 def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
                   dst: Optional[int] = None, group: GroupLike = None,
                   group_dst: Optional[int] = None) -> None:
-    """Fill ``object_gather_list[i]`` on rank ``dst`` with rank ``i``'s ``obj``."""
+    """Fill ``object_gather_list[i]`` on rank ``dst`` with rank ``i``'s ``obj`` (global
+    rank 0 when neither ``dst`` nor ``group_dst`` is given, as in torch)."""
     op = "gather_object"
-    pg = resolve(group, op)
+    if dst is None and group_dst is None:
+        dst = 0
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op, dst, group_dst, "dst")
     root = _call.root(pg, op, dst, group_dst, "dst")
     at_root = pg.rank() == root
     if at_root:
@@ -141,16 +162,21 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
     counts = sizes.tolist() if at_root else []
     _run(pg, op, pg.cpu.gather, (payload, gathered, root, counts), payload)
     if at_root:
-        object_gather_list[:] = _blocks(gathered, sizes)
+        object_gather_list[:] = _blocks(gathered, sizes, pg, op)
 
 
 def scatter_object_list(scatter_object_output_list: List[Any],
                         scatter_object_input_list: Optional[List[Any]] = None,
                         src: Optional[int] = None, group: GroupLike = None,
                         group_src: Optional[int] = None) -> None:
-    """Put entry ``i`` of rank ``src``'s input list into ``output_list[0]`` on rank ``i``."""
+    """Put entry ``i`` of rank ``src``'s input list into ``output_list[0]`` on rank ``i``
+    (global rank 0 when neither ``src`` nor ``group_src`` is given, as in torch)."""
     op = "scatter_object_list"
-    pg = resolve(group, op)
+    if src is None and group_src is None:
+        src = 0
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op, src, group_src, "src")
     root = _call.root(pg, op, src, group_src, "src")
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise pg.error(op, "scatter_object_output_list must be a list with at least one entry")
@@ -168,40 +194,45 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     received = np.empty(int(size[0]), dtype=np.uint8)
     counts = sizes.tolist() if at_root else []
     _run(pg, op, pg.cpu.scatter, (payload, received, root, counts), received)
-    scatter_object_output_list[0] = _loads(received)
+    scatter_object_output_list[0] = _loads(received, pg, op)
 
 
 def send_object_list(object_list: List[Any], dst: Optional[int] = None, group: GroupLike = None,
                      device: Any = None, group_dst: Optional[int] = None,
                      use_batch: bool = False) -> None:
     """Send the objects of ``object_list`` to ``dst`` (received by ``recv_object_list``)."""
+    op = "send_object_list"
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op, dst, group_dst, "dst", required=True)
+    peer = p2p._peer(pg, op, dst, group_dst, "dst", True)
     payload = _dumps(list(object_list))
     header = np.array([payload.size, len(object_list)], dtype=np.int64)
-    first = p2p._start_send(header, dst, group, _HEADER_TAG, group_dst, "send_object_list",
-                            True, internal=True)
-    p2p._start_send(payload, dst, group, _PAYLOAD_TAG, group_dst, "send_object_list",
-                    False, internal=True)
+    first = p2p._start_send(pg, header, None, _HEADER_TAG, peer, op, True, internal=True)
+    p2p._start_send(pg, payload, None, _PAYLOAD_TAG, peer, op, False, internal=True)
     first.wait()
 
 
 def recv_object_list(object_list: List[Any], src: Optional[int] = None, group: GroupLike = None,
                      device: Any = None, group_src: Optional[int] = None,
                      use_batch: bool = False) -> int:
-    """Fill ``object_list`` with objects sent by ``send_object_list``; return the sender.
+    """Fill ``object_list`` with objects sent by ``send_object_list``; return the sender's
+    global rank (-1 on a rank outside ``group``), as torch does.
 
     With no source, the first sender wins and the payload is then taken from that rank.
-    The sender is a global rank, or a group rank when ``group_src`` was given.
     """
+    op = "recv_object_list"
+    pg = member_group(group, op)
+    if pg is None:
+        return skip(op, src, group_src, "src", result=-1)
     header = np.zeros(2, dtype=np.int64)
-    pg, source = p2p._start_recv(header, src, group, _HEADER_TAG, group_src,
-                                 "recv_object_list", False, internal=True)
-    sender = pg.ranks[source]
+    source = p2p._start_recv(pg, header, src, _HEADER_TAG, group_src, op, False, internal=True)
     payload = np.empty(int(header[0]), dtype=np.uint8)
-    p2p._start_recv(payload, sender, group, _PAYLOAD_TAG, None, "recv_object_list", False,
-                    internal=True)
-    received = _loads(payload)
+    p2p._start_recv(pg, payload, None, _PAYLOAD_TAG, source, op, False, internal=True)
+    received = _loads(payload, pg, op)
+    sender = pg.ranks[source]
     if len(received) != len(object_list):
-        raise pg.error("recv_object_list", f"object_list has {len(object_list)} entries but "
-                                           f"{len(received)} objects arrived from rank {sender}")
+        raise pg.error(op, f"object_list has {len(object_list)} entries but "
+                           f"{len(received)} objects arrived from rank {sender}")
     object_list[:] = received
-    return pg.group_rank(sender) if group_src is not None else sender
+    return sender

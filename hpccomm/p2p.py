@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional
 
 from . import _call
-from .group import GroupLike, ProcessGroup, resolve
+from .group import GroupLike, ProcessGroup, member_group, resolve, skip
 from .types import INTERNAL_TAG, MAX_USER_TAG  # noqa: F401  (INTERNAL_TAG: used by others)
 from .work import Work
 
@@ -23,106 +23,138 @@ def _check_tag(pg: ProcessGroup, op: str, tag: int, internal: bool) -> None:
 
 
 def _peer(pg: ProcessGroup, op: str, rank: Optional[int], group_rank: Optional[int],
-          name: str) -> int:
+          name: str, blocking: bool) -> int:
+    """The peer's group rank. Blocking calls may not name this rank itself (they would
+    wait forever, and torch refuses them too); ``isend``/``irecv`` may."""
     peer = _call.root(pg, op, rank, group_rank, name)
-    if peer == pg.rank():
-        raise pg.error(op, f"{name} is this rank itself ({pg.ranks[peer]}); a process cannot "
-                           f"send to or receive from itself")
+    if blocking and peer == pg.rank():
+        raise pg.error(op, f"{name} is this rank itself ({pg.ranks[peer]}); a blocking "
+                           f"{op} cannot talk to itself (isend/irecv can)")
     return peer
 
 
-def _start_send(tensor: Any, dst: Optional[int], group: GroupLike, tag: int,
+def _start_send(pg: ProcessGroup, tensor: Any, dst: Optional[int], tag: int,
                 group_dst: Optional[int], op: str, async_op: bool,
                 internal: bool = False) -> Optional[Work]:
-    pg = resolve(group, op)
     _check_tag(pg, op, tag, internal)
-    peer = _peer(pg, op, dst, group_dst, "dst")
+    peer = _peer(pg, op, dst, group_dst, "dst", not async_op)
     comm, arr = _call.array(pg, op, tensor, output=False)
     return _call.launch(pg, op, comm.send, (arr, peer, tag), arr, async_op, pg.ranks[peer])
 
 
-def _start_recv(tensor: Any, src: Optional[int], group: GroupLike, tag: int,
+def _start_recv(pg: ProcessGroup, tensor: Any, src: Optional[int], tag: int,
                 group_src: Optional[int], op: str, async_op: bool,
-                internal: bool = False) -> "tuple[ProcessGroup, Any]":
-    """``(group, Work)`` if ``async_op``, else ``(group, the sender's group rank)``."""
-    pg = resolve(group, op)
+                internal: bool = False) -> Any:
+    """The Work if ``async_op``, else the sender's group rank."""
     _check_tag(pg, op, tag, internal)
     peer = None
     if src is not None or group_src is not None:
-        peer = _peer(pg, op, src, group_src, "src")
+        peer = _peer(pg, op, src, group_src, "src", not async_op)
     comm, arr = _call.array(pg, op, tensor)
     if peer is None:  # the backend's finishing step reports the sender
-        return pg, _call.launch(pg, op, comm.recv, (arr, None, tag), arr, async_op,
-                                result=(tensor,))
+        return _call.launch(pg, op, comm.recv, (arr, None, tag), arr, async_op,
+                            result=(tensor,))
     outcome = _call.launch(pg, op, comm.recv, (arr, peer, tag), arr, async_op, pg.ranks[peer],
                            result=(tensor,))
     if not async_op:
-        return pg, peer
+        return peer
     if outcome._value is None:
         outcome._value = peer  # what source_rank() reports once the receive completes
-    return pg, outcome
+    return outcome
 
 
 def send(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: int = 0,
          group_dst: Optional[int] = None) -> None:
     """Send ``tensor`` to ``dst`` and wait until the send buffer may be reused."""
-    _start_send(tensor, dst, group, tag, group_dst, "send", False)
+    pg = member_group(group, "send")
+    if pg is None:
+        return skip("send", dst, group_dst, "dst", required=True)
+    _start_send(pg, tensor, dst, tag, group_dst, "send", False)
 
 
 def isend(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: int = 0,
           group_dst: Optional[int] = None) -> Optional[Work]:
     """Start sending ``tensor`` to ``dst``; do not modify it before ``wait()``."""
-    return _start_send(tensor, dst, group, tag, group_dst, "isend", True)
+    pg = member_group(group, "isend")
+    if pg is None:
+        return skip("isend", dst, group_dst, "dst", required=True)
+    return _start_send(pg, tensor, dst, tag, group_dst, "isend", True)
 
 
 def recv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: int = 0,
          group_src: Optional[int] = None) -> int:
-    """Receive into ``tensor`` from ``src`` (any rank if ``None``); return the sender.
-
-    The sender is a global rank, or a group rank when ``group_src`` was given.
+    """Receive into ``tensor`` from ``src`` (any rank if ``None``); return the sender's
+    global rank (also when ``group_src`` named it, as torch does); -1 on a rank outside
+    ``group``.
     """
-    pg, source = _start_recv(tensor, src, group, tag, group_src, "recv", False)
-    return source if group_src is not None else pg.ranks[source]
+    pg = member_group(group, "recv")
+    if pg is None:
+        return skip("recv", src, group_src, "src", result=-1)
+    return pg.ranks[_start_recv(pg, tensor, src, tag, group_src, "recv", False)]
 
 
 def irecv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: int = 0,
           group_src: Optional[int] = None) -> Optional[Work]:
     """Start receiving into ``tensor``; ``Work.source_rank()`` gives the sender's group rank."""
-    return _start_recv(tensor, src, group, tag, group_src, "irecv", True)[1]
+    pg = member_group(group, "irecv")
+    if pg is None:
+        return skip("irecv", src, group_src, "src")
+    return _start_recv(pg, tensor, src, tag, group_src, "irecv", True)
 
 
 class P2POp:
-    """One send or receive for :func:`batch_isend_irecv`: ``P2POp(isend, tensor, peer)``."""
+    """One send or receive for :func:`batch_isend_irecv`: ``P2POp(isend, tensor, peer)``.
+
+    As in torch, ``group`` defaults to the default group, and ``peer`` (global rank) and
+    ``group_peer`` (group rank) are both filled in from whichever was given.
+    """
 
     def __init__(self, op: Callable[..., Any], tensor: Any, peer: Optional[int] = None,
                  group: GroupLike = None, tag: int = 0, group_peer: Optional[int] = None):
-        if op not in (isend, irecv, send, recv):
-            raise ValueError("P2POp's op must be hpccomm.isend or hpccomm.irecv")
+        if op is not isend and op is not irecv:
+            raise ValueError("Invalid ``op``: P2POp's op must be hpccomm.isend or "
+                             "hpccomm.irecv")
+        if peer is not None and group_peer is not None:
+            raise ValueError("P2POp: give peer (a global rank) or group_peer, not both")
         if peer is None and group_peer is None:
             raise ValueError("P2POp needs a peer (global rank) or group_peer")
-        self.op = isend if op in (isend, send) else irecv
+        self.op = op
         self.tensor = tensor
-        self.peer = peer
-        self.group = group
+        self.group = resolve(None, "P2POp") if group is None else group
         self.tag = tag
+        pg = member_group(self.group, "P2POp")
+        if pg is not None:  # on a non-member, keep what was given (nothing will be sent)
+            group_peer = _call.root(pg, "P2POp", peer, group_peer, "peer")
+            peer = pg.ranks[group_peer]
+        self.peer = peer
         self.group_peer = group_peer
 
     def __repr__(self) -> str:
-        peer = self.peer if self.peer is not None else f"group_peer={self.group_peer}"
-        return f"P2POp({self.op.__name__}, peer={peer}, tag={self.tag})"
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
 
 
 def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
-    """Start all sends and receives at once (no ordering deadlock); return their Works."""
-    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+    """Start all sends and receives at once (no ordering deadlock); return their Works.
+
+    All operations use one group, as torch requires; on a rank outside it the list is
+    empty (nothing is sent).
+    """
+    if not isinstance(p2p_op_list, list) or not all(isinstance(item, P2POp)
+                                                    for item in p2p_op_list):
+        raise ValueError("Invalid ``p2p_op_list``: batch_isend_irecv takes a list of P2POp")
+    if not p2p_op_list:
         raise ValueError("batch_isend_irecv needs a non-empty list of P2POp")
-    for item in p2p_op_list:
-        if not isinstance(item, P2POp):
-            raise TypeError(f"batch_isend_irecv takes P2POp objects, got {type(item).__name__}")
+    group = p2p_op_list[0].group
+    if any(item.group != group for item in p2p_op_list):
+        raise ValueError("batch_isend_irecv: all ops need to use the same group")
+    pg = member_group(group, "batch_isend_irecv")
+    if pg is None:
+        for item in p2p_op_list:
+            skip(item.op.__name__)
+        return []
     works: List[Work] = []
     batches: List[Any] = []
     for item in p2p_op_list:
-        pg = resolve(item.group, "batch_isend_irecv")
         comm, _ = _call.array(pg, "batch_isend_irecv", item.tensor, output=item.op is irecv)
         if all(comm is not other for other in batches):
             batches.append(comm)
@@ -130,11 +162,11 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     try:
         for item in p2p_op_list:
             if item.op is isend:
-                works.append(isend(item.tensor, item.peer, item.group, item.tag,
-                                   item.group_peer))
+                works.append(_start_send(pg, item.tensor, None, item.tag, item.group_peer,
+                                         "isend", True))
             else:
-                works.append(irecv(item.tensor, item.peer, item.group, item.tag,
-                                   item.group_peer))
+                works.append(_start_recv(pg, item.tensor, None, item.tag, item.group_peer,
+                                         "irecv", True))
     finally:
         for comm in batches:
             comm.end_batch()

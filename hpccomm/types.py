@@ -35,12 +35,27 @@ class RedOpType(enum.IntEnum):
     PREMUL_SUM = 8
     UNUSED = 9
 
+    def __call__(self, factor: Any) -> "ReduceOp":
+        """``ReduceOp.PREMUL_SUM(factor)`` builds a premultiplied sum, as in torch."""
+        if self is not RedOpType.PREMUL_SUM:
+            raise TypeError(f"ReduceOp.{self.name} takes no factor; only "
+                            f"ReduceOp.PREMUL_SUM(factor) does")
+        return ReduceOp(self, factor)
 
-class ReduceOp:
+
+class _ReduceOpMeta(type):
+    """Makes the members (``ReduceOp.SUM``...) instances of ``ReduceOp``, as in torch."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return type(obj) is RedOpType or super().__instancecheck__(obj)
+
+
+class ReduceOp(metaclass=_ReduceOpMeta):
     """A reduction for ``all_reduce``, ``reduce`` and ``reduce_scatter``.
 
     ``ReduceOp.SUM`` etc. are :class:`RedOpType` members and can be passed directly.
-    ``ReduceOp.PREMUL_SUM`` needs a factor: build it with ``_make_nccl_premul_sum``.
+    ``ReduceOp.PREMUL_SUM`` needs a factor: ``ReduceOp.PREMUL_SUM(factor)`` or
+    ``_make_nccl_premul_sum(factor)``.
     ``AVG`` and ``PREMUL_SUM`` need a floating or complex dtype.
     """
 
@@ -58,13 +73,13 @@ class ReduceOp:
     __slots__ = ("op", "factor")
 
     def __init__(self, op: Union[RedOpType, "ReduceOp", int] = RedOpType.SUM, factor: Any = None):
-        if isinstance(op, ReduceOp):
+        if type(op) is ReduceOp:
             op, factor = op.op, op.factor if factor is None else factor
         self.op = RedOpType(op)
         self.factor = factor
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, ReduceOp):
+        if type(other) is ReduceOp:
             return self.op == other.op and self.factor == other.factor
         if isinstance(other, int):
             return self.op == other and self.factor is None
@@ -87,7 +102,7 @@ def split_op(op: Union[ReduceOp, RedOpType, int]) -> "tuple[RedOpType, Any]":
     """``(kind, factor)`` of anything accepted as an ``op=`` argument."""
     if type(op) is RedOpType:
         return op, None
-    if isinstance(op, ReduceOp):
+    if type(op) is ReduceOp:
         return op.op, op.factor
     if isinstance(op, int) and not isinstance(op, bool):
         try:
@@ -169,21 +184,24 @@ class Backend(str):
         return cls._aliases.get(key, key)
 
 
-class _NonGroupMember:
-    """What ``new_group`` returns on ranks that are not in the new group."""
+class _NonGroupMember(int):
+    """What ``new_group`` returns on ranks that are not in the new group.
+
+    Equal to ``-100``, torch's ``GroupMember.NON_GROUP_MEMBER``, so code that compares
+    with ``==`` or passes the plain value keeps working; ``is`` works as well.
+    """
 
     _instance: Optional["_NonGroupMember"] = None
 
     def __new__(cls) -> "_NonGroupMember":
         if cls._instance is None:
-            cls._instance = super().__new__(cls)
+            cls._instance = super().__new__(cls, -100)
         return cls._instance
 
     def __repr__(self) -> str:
         return "GroupMember.NON_GROUP_MEMBER"
 
-    def __bool__(self) -> bool:
-        return False
+    __str__ = __repr__
 
     def __reduce__(self) -> str:
         return "NON_GROUP_MEMBER"

@@ -181,7 +181,8 @@ class Work:
     def wait(self, timeout: "datetime.timedelta | float | None" = None) -> bool:
         """Block until the operation completes; raise its error or a timeout error.
 
-        ``timeout`` (``timedelta`` or seconds; ``None`` or 0 means the group's) bounds
+        ``timeout`` (``timedelta`` or seconds; ``None`` or zero, torch's default
+        ``timedelta(0)``, means the group's) bounds
         this wait. On expiry a :class:`DistTimeoutError` is raised and the operation is
         left unfinished: the group is unusable afterwards.
         """
@@ -192,8 +193,7 @@ class Work:
         test = self._test
         try:
             if not test():
-                limit = (self.timeout if timeout is None or timeout == 0
-                         else timeout_seconds(timeout))
+                limit = self.timeout if not timeout else timeout_seconds(timeout)
                 waited = poll(test, limit)
                 if waited:
                     self._timed_out(waited, limit)

@@ -2,14 +2,30 @@
 
 Each MPI run is ``mpiexec -n N python tests/rank_pytest.py -m mpi --with-mpi``; every
 rank writes JUnit XML and rank > 0 writes its output to a log, which is printed only
-if that rank failed. The last line is one pytest-style summary of all runs; the exit
-status is non-zero if anything failed or a run outlived its time limit.
+if that rank failed. The exit status is non-zero if anything failed or a run outlived
+its time limit.
 
-Usage: python tests/run_suite.py [--ranks 1,2,4] [pytest args...]
+The last line is one pytest-style summary that counts each (test, world size) once, not
+once per rank: a test that failed on any rank is failed, one skipped on every rank is
+skipped, anything else passed. Skips are grouped by reason ("12 skipped: 10 no GPU, 2
+needs torch"). A rank that wrote no report fails its run.
+
+Several invocations (one per MPI library, say) combine into one final line: give each a
+``--label`` and the same ``--results`` file, then ``--summarize`` that file:
+
+    python tests/run_suite.py --label mpich --results R.jsonl
+    python tests/run_suite.py --label openmpi --results R.jsonl
+    python tests/run_suite.py --summarize R.jsonl
+
+Usage: python tests/run_suite.py [--ranks 1,2,4] [--label L] [--results FILE]
+                                 [--summarize FILE] [pytest args...]
 """
 import argparse
+import collections
 import glob
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +36,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One directory per run, so that runs started at the same time do not mix reports.
 REPORTS = os.path.join(ROOT, ".test-reports", f"run-{os.getpid()}")
 RUN_LIMIT_S = int(os.environ.get("HPCCOMM_TEST_RUN_LIMIT", "1500"))
+
+#: (pattern, reason) in order: the first pattern found in a skip message names its group.
+SKIP_REASONS = [
+    (r"requires (\d+) MPI processes", "needs {0} ranks"),
+    (r"needs exactly (\d+) ranks", "needs exactly {0} ranks"),
+    (r"even number of ranks", "needs an even rank count"),
+    (r"\bGPU\b|CUDA|CuPy|NCCL", "no GPU"),
+    (r"\btorch\b", "needs torch"),
+    (r"ml_dtypes", "needs ml_dtypes"),
+    (r"Slurm", "no Slurm"),
+    (r"cmake|Lmod|CMake", "no CMake/Lmod"),
+    (r"apt-get|not root", "cannot install system packages"),
+]
 
 
 def mpiexec() -> str:
@@ -40,58 +69,156 @@ def run(cmd, label):
     return code
 
 
-def tally(pattern):
-    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-    for path in glob.glob(os.path.join(REPORTS, pattern)):
-        try:
-            root = ET.parse(path).getroot()
-        except ET.ParseError:
-            counts["errors"] += 1
+def skip_reason(message):
+    """The group a skip message belongs to ("no GPU", "needs 4 ranks"...)."""
+    for pattern, reason in SKIP_REASONS:
+        found = re.search(pattern, message or "")
+        if found:
+            return reason.format(*found.groups())
+    text = " ".join((message or "no reason given").split())
+    text = re.sub(r"^Skipped: ", "", text)
+    return text[:60]
+
+
+def rank_outcomes(path):
+    """``{test id: (outcome, skip message)}`` of one JUnit XML file; ``None`` if unreadable."""
+    try:
+        root = ET.parse(path).getroot()
+    except (ET.ParseError, OSError):
+        return None
+    found = {}
+    for case in root.iter("testcase"):
+        test = f"{case.get('classname', '')}::{case.get('name', '')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome, message = "failed", None
+        elif case.find("skipped") is not None:
+            outcome, message = "skipped", case.find("skipped").get("message", "")
+        else:
+            outcome, message = "passed", None
+        if test not in found or outcome == "failed":  # a teardown error fails the test
+            found[test] = (outcome, message)
+    return found
+
+
+def merge_ranks(per_rank):
+    """One outcome per test from every rank's: failed anywhere -> failed; skipped on all
+    ranks -> skipped (first rank's reason); else passed."""
+    merged = {}
+    for test in set().union(*per_rank):
+        seen = [ranks[test] for ranks in per_rank if test in ranks]
+        if any(outcome == "failed" for outcome, _ in seen):
+            merged[test] = ("failed", None)
+        elif all(outcome == "skipped" for outcome, _ in seen):
+            merged[test] = ("skipped", seen[0][1])
+        else:
+            merged[test] = ("passed", None)
+    return merged
+
+
+def collect(world, pattern, expected_ranks, code, problems):
+    """``{"world|test": (outcome, reason)}`` for one run's reports; a missing report, or
+    a failing exit status that no failed test explains, goes to ``problems``."""
+    per_rank = []
+    for rank in range(expected_ranks):
+        path = os.path.join(REPORTS, pattern.format(rank=rank))
+        outcomes = rank_outcomes(path) if os.path.exists(path) else None
+        if outcomes is None:
+            problems.append(f"{world}: rank {rank} wrote no readable report")
             continue
-        for suite in root.iter("testsuite"):
-            tests = int(suite.get("tests", 0))
-            failed = int(suite.get("failures", 0))
-            errors = int(suite.get("errors", 0))
-            skipped = int(suite.get("skipped", 0))
-            counts["failed"] += failed
-            counts["errors"] += errors
-            counts["skipped"] += skipped
-            counts["passed"] += tests - failed - errors - skipped
-    return counts
+        per_rank.append(outcomes)
+    found = {f"{world}|{test}": (outcome, skip_reason(message) if outcome == "skipped" else None)
+             for test, (outcome, message) in merge_ranks(per_rank).items()} if per_rank else {}
+    if code != 0 and not any(outcome == "failed" for outcome, _ in found.values()):
+        problems.append(f"{world}: exit status {code}")
+    return found
+
+
+def summary_line(records):
+    """The closing line, in pytest's form, over one or more records."""
+    counts = collections.Counter()
+    reasons = collections.Counter()
+    duration = 0.0
+    failed_tests, problems = [], []
+    for record in records:
+        duration += record["duration"]
+        for key, (outcome, reason) in record["outcomes"].items():
+            counts[outcome] += 1
+            if outcome == "skipped":
+                reasons[reason] += 1
+            elif outcome == "failed":
+                failed_tests.append(f"[{record['label']}] {key}")
+        problems += [f"[{record['label']}] {p}" for p in record["problems"]]
+    failed = counts["failed"] + len(problems)
+    parts = [f"{counts['passed']} passed"]
+    if failed:
+        parts.append(f"{failed} failed")
+    if counts["skipped"]:
+        parts.append(f"{counts['skipped']} skipped")
+    line = f"{', '.join(parts)} in {duration:.2f}s"
+    if reasons:
+        line += "; skipped: " + ", ".join(f"{n} {why}" for why, n in reasons.most_common())
+    labels = sorted({r["label"] for r in records})
+    if len(labels) > 1:
+        line += f"; runs: {', '.join(labels)}"
+    return f"========== {line} ==========", failed_tests, problems, failed
+
+
+def report(records):
+    line, failed_tests, problems, failed = summary_line(records)
+    for name in failed_tests:
+        print(f"FAILED {name}")
+    for problem in problems:
+        print(f"FAILED {problem}")
+    print("\nCounts: each (test, world size) once, failed if it failed on any rank.")
+    print(line)
+    return 1 if failed else 0
+
+
+def summarize(path):
+    with open(path) as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    if not records:
+        print(f"no results in {path}")
+        return 1
+    return report(records)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--label", default="default",
+                        help="name of this run in combined summaries (e.g. the MPI library)")
+    parser.add_argument("--results", help="append this run's outcomes to this JSON-lines file")
+    parser.add_argument("--summarize", metavar="FILE",
+                        help="run nothing: print one summary of every run in FILE")
     args, extra = parser.parse_known_args()
+    if args.summarize:
+        return summarize(args.summarize)
     shutil.rmtree(REPORTS, ignore_errors=True)
     os.makedirs(REPORTS)
     started = time.time()
-    codes = [run([sys.executable, "-m", "pytest", "-q", "-m", "not mpi", "-p", "no:cacheprovider",
-                  f"--junitxml={REPORTS}/serial.xml", *extra], "serial tests")]
+    problems, outcomes = [], {}
+    code = run([sys.executable, "-m", "pytest", "-q", "-m", "not mpi", "-p", "no:cacheprovider",
+                f"--junitxml={REPORTS}/serial.xml", *extra], "serial tests")
+    outcomes.update(collect("serial", "serial.xml", 1, code, problems))
     for n in [int(x) for x in args.ranks.split(",") if x]:
         cmd = [mpiexec(), "-n", str(n), sys.executable, os.path.join("tests", "rank_pytest.py"),
                REPORTS, str(n), "-q", "-m", "mpi", "--with-mpi", "-p", "no:cacheprovider", *extra]
-        codes.append(run(cmd, f"MPI tests at {n} ranks"))
+        code = run(cmd, f"MPI tests at {n} ranks")
+        outcomes.update(collect(f"n={n}", f"n{n}-rank{{rank}}.xml", n, code, problems))
         for log in sorted(glob.glob(os.path.join(REPORTS, f"n{n}-rank*.log"))):
-            rank_xml = log[:-4] + ".xml"
-            bad = tally(os.path.basename(rank_xml))
-            if bad["failed"] or bad["errors"] or not os.path.exists(rank_xml):
+            outcomes_here = rank_outcomes(log[:-4] + ".xml")
+            if outcomes_here is None or any(o == "failed" for o, _ in outcomes_here.values()):
                 print(f"----- output of {os.path.basename(log)} (it failed) -----")
                 with open(log, errors="replace") as handle:
                     print(handle.read()[-20000:])
-    total = tally("*.xml")
     shutil.rmtree(REPORTS, ignore_errors=True)
-    failed = total["failed"] + total["errors"]
-    bad_exit = any(code != 0 for code in codes)
-    parts = [f"{total['passed']} passed"]
-    if failed or bad_exit:
-        parts.append(f"{max(failed, 1 if bad_exit else 0)} failed")
-    if total["skipped"]:
-        parts.append(f"{total['skipped']} skipped")
-    print("\nCounts add every rank's result (a 4-rank test counts 4 times).")
-    print(f"========== {', '.join(parts)} in {time.time() - started:.2f}s ==========")
-    return 1 if failed or bad_exit else 0
+    record = {"label": args.label, "duration": time.time() - started,
+              "outcomes": outcomes, "problems": problems}
+    if args.results:
+        with open(args.results, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+    return report([record])
 
 
 if __name__ == "__main__":

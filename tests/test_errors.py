@@ -56,7 +56,7 @@ def test_size_and_dtype_mismatches(dist, size):
 
 
 def test_bad_roots(dist, size):
-    with pytest.raises(hpccomm.DistValueError, match="src .* not a member"):
+    with pytest.raises(hpccomm.DistValueError, match="src .* not part of group"):
         dist.broadcast(np.zeros(1), src=size)
     with pytest.raises(hpccomm.DistValueError, match="required"):
         dist.broadcast(np.zeros(1))

@@ -8,7 +8,9 @@ specs, ops to ``MPI.Op``, and in-place semantics to ``MPI.IN_PLACE``. Datatype a
 lookups are cached per dtype, so the hot path is a dict lookup and one MPI call.
 
 Dtypes without an MPI reduction type (bfloat16, and float16 on MPI libraries without
-``MPIX_C_FLOAT16``) are reduced in float32 staging buffers; every dtype is *moved*
+``MPIX_C_FLOAT16``) are reduced in float32 staging buffers, and so are float16 sums and
+products everywhere: torch sums float16 with float32 accumulation, while MPI's own half
+type rounds at every step of the reduction tree. Every dtype is *moved*
 (broadcast, gather, send...) bit-exactly as its own type or as contiguous bytes.
 Booleans reduce with logical ops (SUM/MAX/BOR -> LOR, PRODUCT/MIN/BAND -> LAND,
 BXOR -> LXOR), as torch reduces bool tensors.
@@ -74,9 +76,10 @@ def _plan(dtype: Any, kind: RedOpType) -> _Plan:
     if plan is None:
         if dtype.kind == "b":
             plan = (_PREDEFINED[dtype], _LOGICAL[kind], None)
-        elif dtype in _PREDEFINED and dtype.name != "bfloat16":
+        elif dtype in _PREDEFINED and dtype.name != "bfloat16" and not (
+                dtype.name == "float16" and kind not in (RedOpType.MIN, RedOpType.MAX)):
             plan = (_PREDEFINED[dtype], _ARITH[kind], None)
-        else:  # bfloat16, or float16 on an MPI without a half type: reduce in float32
+        else:  # bfloat16; float16 sums/products, or any float16 without an MPI half type
             plan = (MPI.FLOAT, _ARITH[kind], _FLOAT32)
         _PLANS[kind][dtype] = plan
     return plan
