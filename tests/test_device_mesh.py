@@ -54,14 +54,6 @@ class Counter:
             setattr(self.mpi, name, real)
 
 
-def _non_member_calls_return_none(dist):
-    """Whether collectives treat GroupMember.NON_GROUP_MEMBER as torch does (a no-op)."""
-    try:
-        return dist.all_reduce(np.zeros(1), group=dist.GroupMember.NON_GROUP_MEMBER) is None
-    except Exception:
-        return False
-
-
 # -- any size: 1-D meshes and degenerate dimensions ------------------------------------------
 @pytest.mark.mpi(min_size=1)
 def test_1d_world_mesh_is_the_default_group(dist, rank, size):
@@ -364,9 +356,8 @@ def _check_membership(dist, rank, members, mesh, grid, non_member):
             assert counter.total() == 0  # nothing above communicated
         finally:
             counter.restore()
-        if _non_member_calls_return_none(dist):
-            assert dist.all_reduce(np.ones(1), group=mesh.get_group()) is None
-            assert dist.all_reduce(np.ones(1), group=mesh) is None
+        assert dist.all_reduce(np.ones(1), group=mesh.get_group()) is None
+        assert dist.all_reduce(np.ones(1), group=mesh) is None
 
 
 def test_non_members_carry_on_at_4_ranks():

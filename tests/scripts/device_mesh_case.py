@@ -47,6 +47,8 @@ def case_nonmember() -> None:
         assert mesh.get_local_rank("b") == -1
         assert mesh["a"].get_coordinate() is None and mesh._flatten().get_coordinate() is None
         assert dist.get_rank(mesh.get_group("a")) == -1
+        # as in torch, a collective on a group this rank is not in is a no-op
+        assert dist.all_reduce(np.ones(4), group=mesh.get_group("a")) is None
     dist.barrier()
     report(f"RESULT nonmember ok rank {rank}")
     dist.destroy_process_group()
