@@ -105,6 +105,13 @@ def test_world_that_is_not_the_mpi_job_is_refused():
     assert "mpiexec" in error
 
 
+def test_below_thread_multiple_warns_and_still_completes_futures():
+    code, output = run([CASE, "thread_serialized"], n=2, MASTER_PORT=free_port())
+    assert code == 0, output
+    found = results(output)
+    assert len(found) == 2 and all(f["warned"] == "True" for _, f in found), output
+
+
 # -- failing ----------------------------------------------------------------------------------
 def test_every_kind_of_wait_times_out_naming_the_operation():
     code, output = run([CASE, "timeouts"], n=2)
@@ -123,3 +130,25 @@ def test_every_kind_of_wait_times_out_naming_the_operation():
     assert "recv" in found["work_wait_timeout"]["error"]
     assert "barrier" in found["barrier_opts_timeout"]["error"]
     assert "Rank 1 failed to pass monitoredBarrier" in found["monitored"]["error"]
+
+
+# -- the example -------------------------------------------------------------------------------
+EXAMPLE = os.path.join(ROOT, "examples", "torch_ddp.py")
+
+
+@pytest.mark.parametrize("launcher,n", [("mpiexec", 2), ("hpccomm run", 4)])
+def test_ddp_example(launcher, n):
+    if launcher == "mpiexec":
+        code, output = run([EXAMPLE], n=n, limit=180)
+    else:
+        code, output = run(["-m", "hpccomm", "run", "-n", str(n), EXAMPLE], limit=180)
+    assert code == 0, output
+    assert f"DDP training on {n} ranks matches single-process training" in output, output
+
+
+def test_ddp_job_script_is_valid_bash():
+    script = os.path.join(ROOT, "jobscripts", "torch_ddp.sbatch")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    with open(script) as f:
+        text = f.read()
+    assert "examples/torch_ddp.py" in text and "hpccomm._rank_env" in text

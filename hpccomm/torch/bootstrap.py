@@ -20,21 +20,30 @@ from __future__ import annotations
 
 import datetime
 import urllib.parse
+import warnings
 from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from .. import init as _init
 from .. import rendezvous as _meet
-from ..backends import mpi as _mpi
 from ..errors import DistValueError
 from ..group import ProcessGroup as HostGroup
 from ..types import default_pg_timeout
 from ..work import Work
+from . import progress as _progress
 from .process_group import ProcessGroupHPC
 from .store import MPITorchStore
 
 _CPU_ONLY = {"cpu": "mpi"}
+
+
+def _mpi() -> Any:
+    """hpccomm's MPI plumbing, imported on first use (importing it initializes MPI, which
+    ``import hpccomm.torch`` must not do)."""
+    from ..backends import mpi
+
+    return mpi
 
 
 class _State:
@@ -65,7 +74,7 @@ def mpi_rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
     error on the others.
     """
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
-    world = _mpi.world()
+    world = _mpi().world()
     rank, size = world.Get_rank(), world.Get_size()
     seconds = timeout.total_seconds()
     problem: Optional[Exception] = None
@@ -74,7 +83,7 @@ def mpi_rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
                            int(query.get("world_size", -1)))
     except (DistValueError, ValueError) as exc:
         problem = exc
-    failing = [r for r, bad in enumerate(_mpi.allgather_flags(world, problem is not None,
+    failing = [r for r, bad in enumerate(_mpi().allgather_flags(world, problem is not None,
                                                                seconds)) if bad]
     if problem is not None:
         raise DistValueError(f"init_process_group(init_method='mpi://'): {problem}")
@@ -109,7 +118,7 @@ def create_group(options: Any, backend_options: Any = None) -> ProcessGroupHPC:
 def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     """The default group: MPI's world renumbered as torch's ranks, and the control
     communicator; collective over ``MPI_COMM_WORLD``."""
-    world = _mpi.world()
+    world = _mpi().world()
     mpi_rank, mpi_size = world.Get_rank(), world.Get_size()
     if size != mpi_size:
         single = (" This process is an MPI world of one: start the job with mpiexec -n N, "
@@ -125,17 +134,24 @@ def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     renumbered = None
     base = world
     if torch_ranks != list(range(size)):  # e.g. env:// with RANK set another way
-        base = renumbered = _mpi.split(world, 0, rank)
+        base = renumbered = _mpi().split(world, 0, rank)
     try:
-        _init._share_cores(_mpi, base)  # how waits yield when ranks outnumber cores
-        control = HostGroup(_mpi.dup(base), name="hpccomm-torch-control",
+        _init._share_cores(_mpi(), base)  # how waits yield when ranks outnumber cores
+        control = HostGroup(_mpi().dup(base), name="hpccomm-torch-control",
                             world_ranks=range(size), timeout=seconds, backends=_CPU_ONLY)
-        host = HostGroup(_mpi.dup(base), name=name, world_ranks=range(size),
+        host = HostGroup(_mpi().dup(base), name=name, world_ranks=range(size),
                          timeout=seconds, backends=_CPU_ONLY)
     finally:
-        _mpi.free(renumbered)
+        _mpi().free(renumbered)
     _forget_world()
     _state.control, _state.control_owned = control, True
+    if not _progress.available():
+        warnings.warn(
+            "hpccomm.torch: MPI was initialized below MPI_THREAD_MULTIPLE, so asynchronous "
+            "operations progress only while waited for, and Work.get_future() waits for "
+            "the operation before returning (DDP still works, without overlap). Leave "
+            "mpi4py.rc.thread_level at its default, 'multiple'.", RuntimeWarning,
+            stacklevel=2)
     return host
 
 
@@ -149,7 +165,7 @@ def _forget_world() -> None:
 def _allgather_ranks(world: Any, rank: int, seconds: float) -> List[int]:
     """Every MPI rank's torch rank, gathered without blocking past ``seconds``."""
     mine, ranks = np.array([rank], dtype=np.int64), np.empty(world.Get_size(), np.int64)
-    work = Work(*_mpi.MPICommunicator(world, seconds).all_gather(mine, ranks, None))
+    work = Work(*_mpi().MPICommunicator(world, seconds).all_gather(mine, ranks, None))
     work.op, work.timeout = "init_process_group (ranks agreeing on torch's numbering)", seconds
     work.wait()
     return [int(r) for r in ranks]
@@ -160,7 +176,7 @@ def _subgroup(ranks: List[int], group_rank: int, seconds: float, name: str) -> H
     control = _control_for_subgroups(seconds)
     _meet.meet_members(control, ranks, f"new_group({ranks})", seconds)
     tag = (hash(tuple(ranks)) & 0x3FFF) + 1
-    comm = _mpi.create_subcomm(control.comm, ranks, tag)
+    comm = _mpi().create_subcomm(control.comm, ranks, tag)
     host = HostGroup(comm, name=name, world_ranks=ranks, timeout=seconds, backends=_CPU_ONLY)
     if host.rank() != group_rank:  # torch and MPI number members alike (sorted order)
         host.shutdown()
@@ -177,7 +193,7 @@ def _control_for_subgroups(seconds: float) -> HostGroup:
         return _state.control
     import torch.distributed as dist
 
-    world = _mpi.world()
+    world = _mpi().world()
     if (world.Get_size(), world.Get_rank()) != (dist.get_world_size(), dist.get_rank()):
         raise DistValueError(
             f"backend 'hpccomm' for a new group: torch's rank {dist.get_rank()} of "

@@ -35,8 +35,6 @@ import threading
 import time
 from typing import Any, Deque, List, Optional
 
-from ..backends import mpi as _mpi
-
 _monotonic = time.monotonic
 #: Pause between two rounds of tests while operations are driven (the kernel makes it
 #: ~0.1 ms).
@@ -50,9 +48,17 @@ LINGER_S = 0.1
 _THREAD_MULTIPLE = 3
 
 
+_multiple: Optional[bool] = None
+
+
 def available() -> bool:
     """Whether MPI allows a second thread to make MPI calls (MPI_THREAD_MULTIPLE)."""
-    return _mpi.thread_level() >= _THREAD_MULTIPLE
+    global _multiple
+    if _multiple is None:
+        from ..backends import mpi  # initializes MPI if nothing has yet
+
+        _multiple = mpi.thread_level() >= _THREAD_MULTIPLE
+    return _multiple
 
 
 class Progress:
