@@ -489,3 +489,31 @@ def test_subgroup_timeout_is_its_own(world, rank, size):
     x = torch.ones(1)
     dist.all_reduce(x, group=group)
     assert x.item() == size
+
+
+# -- dtypes NumPy lacks ------------------------------------------------------------------------
+MOVED_ONLY = [d for d in (getattr(torch, n, None) for n in (
+    "float8_e4m3fn", "float8_e5m2", "complex32", "uint16", "uint32", "uint64")) if d]
+
+
+@pytest.mark.parametrize("dtype", MOVED_ONLY, ids=str)
+def test_other_dtypes_move_bit_exactly(world, rank, size, dtype):
+    src = (torch.arange(8, dtype=torch.float32) + rank).to(dtype)
+    x = src.clone()
+    dist.broadcast(x, src=size - 1)
+    assert torch.equal(x.view(torch.uint8), (torch.arange(8, dtype=torch.float32) + size - 1)
+                       .to(dtype).view(torch.uint8))
+    out = torch.empty(8 * size, dtype=dtype)
+    dist.all_gather_into_tensor(out, src)
+    for r in range(size):
+        expected = (torch.arange(8, dtype=torch.float32) + r).to(dtype)
+        assert torch.equal(out[8 * r:8 * (r + 1)].view(torch.uint8), expected.view(torch.uint8))
+
+
+def test_float8_cannot_be_reduced(world, rank):
+    x = torch.ones(4).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"all_reduce on rank \d+/\d+ of group .*float8"):
+        dist.all_reduce(x)
+    with pytest.raises(ValueError, match=r"reduce_scatter_tensor on rank .*float8"):
+        dist.reduce_scatter_tensor(torch.empty(2).to(torch.float8_e4m3fn),
+                                   torch.ones(2 * dist.get_world_size()).to(torch.float8_e4m3fn))

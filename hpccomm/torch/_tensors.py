@@ -39,6 +39,10 @@ _PREMUL = int(RedOpType.PREMUL_SUM)
 _SUM, _TORCH_SUM = RedOpType.SUM, dist.ReduceOp.SUM
 
 
+#: dtypes MPI reduces (bfloat16 through float32); others only move (as bytes).
+_REDUCIBLE = _VIEWABLE | {torch.bfloat16}
+
+
 class Unsupported(TypeError):
     """A tensor hpccomm cannot hand to MPI (the caller words the error)."""
 
@@ -79,6 +83,13 @@ def output(t: torch.Tensor) -> Tuple[np.ndarray, Optional[Callable[[], None]]]:
         with torch.no_grad():
             t.copy_(staged)
     return view(staged), copy_back
+
+
+def reducible(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, after checking that its dtype can be reduced (not moved as bytes)."""
+    if t.dtype not in _REDUCIBLE:
+        raise Unsupported(f"{t.dtype} tensors can be moved but not reduced")
+    return t
 
 
 def inputs(t: torch.Tensor) -> np.ndarray:

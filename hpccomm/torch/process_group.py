@@ -17,6 +17,7 @@ same way. CUDA tensors go to torch's NCCL backend when the group was created wit
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -47,6 +48,20 @@ def _output(t: torch.Tensor) -> Tuple[Any, Optional[Callable[[], None]]]:
     if t.is_contiguous():
         return _view(t), None
     return _tensors.output(t)
+
+
+def _names_errors(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A tensor the backend cannot hand to MPI becomes an error naming ``op``, this rank
+    and this group (raised before anything is communicated)."""
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def named(self: "ProcessGroupHPC", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except _tensors.Unsupported as exc:
+                raise self._host.error(op, str(exc)) from None
+        return named
+    return decorate
 
 
 def _combine(parts: Sequence[Any]) -> Any:
@@ -168,15 +183,22 @@ class ProcessGroupHPC(dist.ProcessGroup):
         t = tensors[0] if len(tensors) == 1 else self._one("all_reduce", tensors)
         if not t.is_cpu:
             return self._cuda("all_reduce", t).allreduce(tensors, opts)
-        if t.is_contiguous():  # the hot path, inline
-            arr, back = _view(t), None
-        else:
-            arr, back = _tensors.output(t)
+        back = None
+        try:  # the hot path inline: a contiguous tensor NumPy can view directly
+            arr = t.numpy() if t.is_contiguous() else None
+        except (RuntimeError, TypeError):  # bfloat16, requires_grad...: the general way
+            arr = None
+        if arr is None:
+            try:
+                arr, back = _output(_tensors.reducible(t))
+            except _tensors.Unsupported as exc:
+                raise self._host.error("all_reduce", str(exc)) from None
         comm, arr, kind, factor = _call.reduce_operand(self._host, "all_reduce", arr,
                                                        _reduce_op(opts.reduceOp))
         return self._run("all_reduce", comm.all_reduce, (arr, kind, factor), arr, opts,
                          tensors, back)
 
+    @_names_errors("all_reduce_coalesced")
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.AllreduceCoalescedOptions()
         if tensors and not tensors[0].is_cpu:
@@ -184,7 +206,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
                 tensors, opts)
         op, starts, backs = _reduce_op(opts.reduceOp), [], []
         for t in tensors:
-            arr, back = _output(t)
+            arr, back = _output(_tensors.reducible(t))
             comm, arr, kind, factor = _call.reduce_operand(self._host, "all_reduce_coalesced",
                                                            arr, op)
             starts.append((comm.all_reduce, (arr, kind, factor)))
@@ -192,6 +214,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
         return self._run_all("all_reduce_coalesced", starts, None, opts, tensors,
                              _steps(backs))
 
+    @_names_errors("broadcast")
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.BroadcastOptions()
         t = self._one("broadcast", tensors)
@@ -202,18 +225,20 @@ class ProcessGroupHPC(dist.ProcessGroup):
         comm, arr = _call.array(self._host, "broadcast", arr)
         return self._run("broadcast", comm.broadcast, (arr, root), arr, opts, tensors, back)
 
+    @_names_errors("reduce")
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.ReduceOptions()
         t = self._one("reduce", tensors)
         if not t.is_cpu:
             return self._cuda("reduce", t).reduce(tensors, opts)
         root = self._root("reduce", opts.rootRank)
-        arr, back = _output(t)
+        arr, back = _output(_tensors.reducible(t))
         comm, arr, kind, factor = _call.reduce_operand(self._host, "reduce", arr,
                                                        _reduce_op(opts.reduceOp))
         return self._run("reduce", comm.reduce, (arr, kind, factor, root), arr, opts,
                          tensors, back)
 
+    @_names_errors("all_gather")
     def allgather(self, output_tensors: List[List[torch.Tensor]],
                   input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.AllgatherOptions()
@@ -233,6 +258,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
                                                _uneven_counts(counts)), arr, opts,
                          output_tensors, _scatter_into(staging, outs), staging)
 
+    @_names_errors("all_gather_coalesced")
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
                             input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.AllgatherOptions()
@@ -263,6 +289,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
                                        f"{self.size()} x {arr.size} (group size x input)")
         return comm, (_call.apart(arr, out, block=self.rank()), out, None), back
 
+    @_names_errors("all_gather_into_tensor")
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> dist.Work:
         opts = opts or dist.AllgatherOptions()
@@ -274,6 +301,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    @_names_errors("all_gather_into_tensor_coalesced")
     def all_gather_single_coalesced(self, outputs: List[torch.Tensor],
                                     inputs: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.AllgatherOptions()
@@ -290,6 +318,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    @_names_errors("gather")
     def gather(self, output_tensors: List[List[torch.Tensor]],
                input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.GatherOptions()
@@ -314,6 +343,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
         return self._run(op, comm.gather, (arr.reshape(-1), staging, root, counts), arr, opts,
                          output_tensors, _scatter_into(staging, outs), staging)
 
+    @_names_errors("scatter")
     def scatter(self, output_tensors: List[torch.Tensor],
                 input_tensors: List[List[torch.Tensor]], opts: Any = None) -> dist.Work:
         opts = opts or dist.ScatterOptions()
@@ -340,6 +370,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
         return self._run(op, comm.scatter, (staging, out.reshape(-1), root, counts), out, opts,
                          output_tensors, back, staging)
 
+    @_names_errors("reduce_scatter")
     def reduce_scatter(self, output_tensors: List[torch.Tensor],
                        input_tensors: List[List[torch.Tensor]], opts: Any = None) -> dist.Work:
         opts = opts or dist.ReduceScatterOptions()
@@ -347,7 +378,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
         t = self._one(op, output_tensors)
         if not t.is_cpu:
             return self._cuda(op, t).reduce_scatter(output_tensors, input_tensors, opts)
-        out, back = _output(t)
+        out, back = _output(_tensors.reducible(t))
         comm, out = _call.array(self._host, op, out, "output")
         ins = self._arrays(op, comm, out.dtype, self._one(op, input_tensors), "input_list",
                            output=False)
@@ -365,7 +396,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
                          ) -> Tuple[Any, tuple, Optional[Callable[[], None]]]:
         """``(communicator, reduce_scatter args, copy-back)`` for a tensor-into-tensor
         reduce-scatter."""
-        out, back = _output(output)
+        out, back = _output(_tensors.reducible(output))
         comm, out, arr = _call.pair(self._host, op, out, _tensors.inputs(input), "output",
                                     "input")
         if arr.size != out.size * self.size():
@@ -374,6 +405,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
         kind, factor = _call.reduction(self._host, op, red, out.dtype)
         return comm, (_call.apart(arr, out), out, kind, factor, None), back
 
+    @_names_errors("reduce_scatter_tensor")
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> dist.Work:
         opts = opts or dist.ReduceScatterOptions()
@@ -385,6 +417,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_names_errors("reduce_scatter_tensor_coalesced")
     def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor],
                                         inputs: List[torch.Tensor], opts: Any = None
                                         ) -> dist.Work:
@@ -402,6 +435,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    @_names_errors("all_to_all")
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> dist.Work:
         opts = opts or dist.AllToAllOptions()
@@ -422,6 +456,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
                          output_tensors, _scatter_into(staging_out, outs),
                          (staging_in, staging_out))
 
+    @_names_errors("all_to_all_single")
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: List[int], input_split_sizes: List[int],
                           opts: Any = None) -> dist.Work:
@@ -462,6 +497,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
             raise for_torch(exc) from None
 
     # -- point to point --------------------------------------------------------------------
+    @_names_errors("send")
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
         t = self._one("send", tensors)
         if not t.is_cpu:
@@ -470,6 +506,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
         comm, arr = _call.array(self._host, "send", _tensors.inputs(t), output=False)
         return self._p2p("send", comm.send, (arr, peer, tag), arr, peer, tensors)
 
+    @_names_errors("recv")
     def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int) -> dist.Work:
         t = self._one("recv", tensors)
         if not t.is_cpu:
@@ -479,6 +516,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
         comm, arr = _call.array(self._host, "recv", arr)
         return self._p2p("recv", comm.recv, (arr, peer, tag), arr, peer, tensors, back)
 
+    @_names_errors("recv")
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int) -> dist.Work:
         t = self._one("recv", tensors)
         if not t.is_cpu:
