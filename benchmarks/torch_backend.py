@@ -37,7 +37,6 @@ import datetime
 import json
 import os
 import platform
-import time
 import warnings
 from typing import Any, Dict, List
 
@@ -161,7 +160,7 @@ def goals(rows: List[Dict]) -> List[str]:
         f"- at {size_text(small['bytes'])}, no worse than hpccomm's NumPy path + 5 us: "
         f"+{small['torch_hpccomm_minus_numpy_us']:.2f} us "
         f"({'met' if small['torch_hpccomm_minus_numpy_us'] <= 5 else 'NOT met'})",
-        f"- faster than gloo at every size: "
+        "- faster than gloo at every size: "
         + ("met" if not slower_than_gloo else f"NOT met at {', '.join(slower_than_gloo)}")
         + f" (gloo/hpccomm time ratio {min(r['gloo_over_torch_hpccomm_time'] for r in rows):.1f}"
           f"x to {max(r['gloo_over_torch_hpccomm_time'] for r in rows):.1f}x)",

@@ -4,10 +4,9 @@ DTensor, DDP, FSDP2, tensor and pipeline parallelism, DCP.
 Each training test trains a small model distributed and, on every rank, the same model
 in one process on the whole batch, and checks that the parameters agree to float32
 round-off. Runs in the MPI sessions of the suite (2 and 4 ranks) with torch's default
-group made for this module and destroyed after it.
+group made for this module and destroyed after it (the fixtures of
+test_torch_collectives.py).
 """
-import datetime
-import os
 import warnings
 
 import pytest
@@ -18,29 +17,14 @@ dist = pytest.importorskip("torch.distributed")
 pytest.importorskip("hpccomm.torch")
 nn = torch.nn
 
+# torch's default group on "hpccomm" for this module, made and destroyed as there
+from test_torch_collectives import rank, size, torch_world  # noqa: E402,F401
+
 pytestmark = pytest.mark.mpi(min_size=2)
 
-TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("HPCCOMM_TEST_TIMEOUT", "60")))
 STEPS = 3
 IN, HIDDEN, OUT = 8, 16, 4
 ROWS_PER_RANK = 4
-
-
-@pytest.fixture(scope="module")
-def world():
-    dist.init_process_group("hpccomm", init_method="mpi://", timeout=TIMEOUT)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
-
-
-@pytest.fixture
-def rank(world):
-    return dist.get_rank()
-
-
-@pytest.fixture
-def size(world):
-    return dist.get_world_size()
 
 
 def mlp(seed=0, depth=3):
@@ -100,29 +84,29 @@ def train_data_parallel(model, rank, size, steps=STEPS, optim=torch.optim.SGD, l
 
 
 # -- functional collectives, DeviceMesh, DTensor ------------------------------------------
-def test_functional_collectives(world, rank, size):
+def test_functional_collectives(torch_world, rank, size):
     import torch.distributed._functional_collectives as fc
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         x = torch.full((4,), float(rank + 1))
         total = float(sum(range(1, size + 1)))
-        assert fc.all_reduce(x, "sum", world).tolist() == [total] * 4
-        assert fc.all_reduce(x, "avg", world).tolist() == [total / size] * 4
-        gathered = fc.all_gather_tensor(x, 0, world)
+        assert fc.all_reduce(x, "sum", torch_world).tolist() == [total] * 4
+        assert fc.all_reduce(x, "avg", torch_world).tolist() == [total / size] * 4
+        gathered = fc.all_gather_tensor(x, 0, torch_world)
         assert gathered.tolist() == sum(([float(r + 1)] * 4 for r in range(size)), [])
-        scattered = fc.reduce_scatter_tensor(torch.arange(2.0 * size), "sum", 0, world)
+        scattered = fc.reduce_scatter_tensor(torch.arange(2.0 * size), "sum", 0, torch_world)
         assert scattered.tolist() == [size * (2.0 * rank), size * (2.0 * rank + 1)]
-        a2a = fc.all_to_all_single(torch.arange(float(size)) + 10 * rank, None, None, world)
+        a2a = fc.all_to_all_single(torch.arange(float(size)) + 10 * rank, None, None, torch_world)
         assert a2a.tolist() == [10.0 * r + rank for r in range(size)]
-        b = fc.broadcast(x, 1, world)
+        b = fc.broadcast(x, 1, torch_world)
         assert b.tolist() == [2.0] * 4
-        pair = fc.all_reduce_coalesced([x, x * 2], "max", world)
+        pair = fc.all_reduce_coalesced([x, x * 2], "max", torch_world)
         assert pair[0].tolist() == [float(size)] * 4 and pair[1].tolist() == [2.0 * size] * 4
 
 
 @pytest.mark.mpi(min_size=4)
-def test_device_mesh_2x2(world, rank, size):
+def test_device_mesh_2x2(torch_world, rank, size):
     from torch.distributed.device_mesh import init_device_mesh
 
     if size != 4:
@@ -140,7 +124,7 @@ def test_device_mesh_2x2(world, rank, size):
 
 
 @pytest.mark.mpi(min_size=4)
-def test_dtensor_on_2x2_mesh(world, rank, size):
+def test_dtensor_on_2x2_mesh(torch_world, rank, size):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import (DTensor, Partial, Replicate, Shard,
                                           distribute_tensor)
@@ -172,13 +156,13 @@ def test_dtensor_on_2x2_mesh(world, rank, size):
 
 
 # -- training -------------------------------------------------------------------------------
-def test_ddp_matches_single_process(world, rank, size):
+def test_ddp_matches_single_process(torch_world, rank, size):
     model = nn.parallel.DistributedDataParallel(mlp(), bucket_cap_mb=0.0001)  # 2+ buckets
     train_data_parallel(model, rank, size)
     assert_same(model.module.named_parameters(), reference(size), "DDP")
 
 
-def test_ddp_comm_hook_through_work_future(world, rank, size):
+def test_ddp_comm_hook_through_work_future(torch_world, rank, size):
     model = nn.parallel.DistributedDataParallel(mlp())
 
     def hook(state, bucket):
@@ -199,13 +183,13 @@ def fsdp2(model, **kwargs):
     return fully_shard(model, **kwargs)
 
 
-def test_fsdp2_matches_single_process(world, rank, size):
+def test_fsdp2_matches_single_process(torch_world, rank, size):
     model = fsdp2(mlp())
     train_data_parallel(model, rank, size)
     assert_same(model.named_parameters(), reference(size), "FSDP2")
 
 
-def test_fsdp2_gradient_divide_factor_uses_premul_sum(world, rank, size):
+def test_fsdp2_gradient_divide_factor_uses_premul_sum(torch_world, rank, size):
     from torch.distributed.fsdp import FSDPModule
 
     model = fsdp2(mlp())
@@ -216,7 +200,7 @@ def test_fsdp2_gradient_divide_factor_uses_premul_sum(world, rank, size):
     assert_same(model.named_parameters(), reference(size, scale=0.5), "FSDP2 PREMUL_SUM")
 
 
-def test_tensor_parallel_matches_single_process(world, rank, size):
+def test_tensor_parallel_matches_single_process(torch_world, rank, size):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
@@ -235,7 +219,7 @@ def test_tensor_parallel_matches_single_process(world, rank, size):
 
 
 @pytest.mark.parametrize("schedule_name", ["ScheduleGPipe", "Schedule1F1B"])
-def test_pipeline_parallel_matches_single_process(world, rank, size, schedule_name):
+def test_pipeline_parallel_matches_single_process(torch_world, rank, size, schedule_name):
     from torch.distributed import pipelining
 
     full = mlp(depth=size + 1)  # size + 1 Linear layers; stage r holds layers 2r (and 2r+1)
@@ -267,7 +251,7 @@ def test_pipeline_parallel_matches_single_process(world, rank, size, schedule_na
                 f"pipeline parallel ({schedule_name})")
 
 
-def test_dcp_saves_fsdp2_and_resumes(world, rank, size, tmp_path_factory):
+def test_dcp_saves_fsdp2_and_resumes(torch_world, rank, size, tmp_path_factory):
     """FSDP2 model and Adam saved with DCP mid-training and resumed in a fresh model via
     get_/set_model_state_dict train on exactly as if never interrupted."""
     import torch.distributed.checkpoint as dcp

@@ -119,7 +119,7 @@ def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     """The default group: MPI's world renumbered as torch's ranks, and the control
     communicator; collective over ``MPI_COMM_WORLD``."""
     world = _mpi().world()
-    mpi_rank, mpi_size = world.Get_rank(), world.Get_size()
+    mpi_size = world.Get_size()
     if size != mpi_size:
         single = (" This process is an MPI world of one: start the job with mpiexec -n N, "
                   "srun or hpccomm run." if mpi_size == 1 else "")

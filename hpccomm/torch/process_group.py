@@ -50,18 +50,45 @@ def _output(t: torch.Tensor) -> Tuple[Any, Optional[Callable[[], None]]]:
     return _tensors.output(t)
 
 
-def _names_errors(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A tensor the backend cannot hand to MPI becomes an error naming ``op``, this rank
-    and this group (raised before anything is communicated)."""
+def _operation(op: str, first: Callable[[tuple], Any], nccl: Optional[str] = None
+               ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """What every operation method shares, around its CPU body: tensors on another device
+    go to the group's CUDA backend (its method ``nccl``, default the same name), found
+    by ``first(args)`` (the first tensor, ``None`` for empty lists); a tensor MPI cannot
+    take becomes an error naming ``op``, this rank and this group, raised before
+    anything is communicated."""
     def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        name = nccl or method.__name__
+
         @functools.wraps(method)
-        def named(self: "ProcessGroupHPC", *args: Any, **kwargs: Any) -> Any:
+        def run(self: "ProcessGroupHPC", *args: Any, **kwargs: Any) -> Any:
+            try:
+                tensor = first(args)
+            except (IndexError, TypeError):
+                tensor = None
+            if tensor is not None and not tensor.is_cpu:
+                return getattr(self._cuda(op, tensor), name)(*args, **kwargs)
             try:
                 return method(self, *args, **kwargs)
             except _tensors.Unsupported as exc:
                 raise self._host.error(op, str(exc)) from None
-        return named
+        return run
     return decorate
+
+
+def _first(args: tuple) -> Any:
+    """The first tensor of the first argument (a list of tensors)."""
+    return args[0][0]
+
+
+def _first_of_second(args: tuple) -> Any:
+    """The first tensor of the second argument (the inputs after the outputs)."""
+    return args[1][0]
+
+
+def _tensor_arg(args: tuple) -> Any:
+    """The first argument, itself a tensor."""
+    return args[0]
 
 
 def _combine(parts: Sequence[Any]) -> Any:
@@ -181,14 +208,14 @@ class ProcessGroupHPC(dist.ProcessGroup):
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.AllreduceOptions()
         t = tensors[0] if len(tensors) == 1 else self._one("all_reduce", tensors)
-        if not t.is_cpu:
-            return self._cuda("all_reduce", t).allreduce(tensors, opts)
         back = None
         try:  # the hot path inline: a contiguous tensor NumPy can view directly
             arr = t.numpy() if t.is_contiguous() else None
         except (RuntimeError, TypeError):  # bfloat16, requires_grad...: the general way
             arr = None
         if arr is None:
+            if not t.is_cpu:
+                return self._cuda("all_reduce", t).allreduce(tensors, opts)
             try:
                 arr, back = _output(_tensors.reducible(t))
             except _tensors.Unsupported as exc:
@@ -198,12 +225,9 @@ class ProcessGroupHPC(dist.ProcessGroup):
         return self._run("all_reduce", comm.all_reduce, (arr, kind, factor), arr, opts,
                          tensors, back)
 
-    @_names_errors("all_reduce_coalesced")
+    @_operation("all_reduce_coalesced", _first)
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.AllreduceCoalescedOptions()
-        if tensors and not tensors[0].is_cpu:
-            return self._cuda("all_reduce_coalesced", tensors[0]).allreduce_coalesced(
-                tensors, opts)
         op, starts, backs = _reduce_op(opts.reduceOp), [], []
         for t in tensors:
             arr, back = _output(_tensors.reducible(t))
@@ -214,23 +238,19 @@ class ProcessGroupHPC(dist.ProcessGroup):
         return self._run_all("all_reduce_coalesced", starts, None, opts, tensors,
                              _steps(backs))
 
-    @_names_errors("broadcast")
+    @_operation("broadcast", _first)
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.BroadcastOptions()
         t = self._one("broadcast", tensors)
-        if not t.is_cpu:
-            return self._cuda("broadcast", t).broadcast(tensors, opts)
         root = self._root("broadcast", opts.rootRank)
         arr, back = _output(t)
         comm, arr = _call.array(self._host, "broadcast", arr)
         return self._run("broadcast", comm.broadcast, (arr, root), arr, opts, tensors, back)
 
-    @_names_errors("reduce")
+    @_operation("reduce", _first)
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.ReduceOptions()
         t = self._one("reduce", tensors)
-        if not t.is_cpu:
-            return self._cuda("reduce", t).reduce(tensors, opts)
         root = self._root("reduce", opts.rootRank)
         arr, back = _output(_tensors.reducible(t))
         comm, arr, kind, factor = _call.reduce_operand(self._host, "reduce", arr,
@@ -238,14 +258,12 @@ class ProcessGroupHPC(dist.ProcessGroup):
         return self._run("reduce", comm.reduce, (arr, kind, factor, root), arr, opts,
                          tensors, back)
 
-    @_names_errors("all_gather")
+    @_operation("all_gather", _first_of_second)
     def allgather(self, output_tensors: List[List[torch.Tensor]],
                   input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.AllgatherOptions()
         op = "all_gather"
         t = self._one(op, input_tensors)
-        if not t.is_cpu:
-            return self._cuda(op, t).allgather(output_tensors, input_tensors, opts)
         outputs = self._one(op, output_tensors)
         comm, arr = _call.array(self._host, op, _tensors.inputs(t), output=False)
         outs = self._arrays(op, comm, arr.dtype, outputs, "output_tensors")
@@ -258,7 +276,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
                                                _uneven_counts(counts)), arr, opts,
                          output_tensors, _scatter_into(staging, outs), staging)
 
-    @_names_errors("all_gather_coalesced")
+    @_operation("all_gather_coalesced", _first_of_second)
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
                             input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.AllgatherOptions()
@@ -289,26 +307,22 @@ class ProcessGroupHPC(dist.ProcessGroup):
                                        f"{self.size()} x {arr.size} (group size x input)")
         return comm, (_call.apart(arr, out, block=self.rank()), out, None), back
 
-    @_names_errors("all_gather_into_tensor")
+    @_operation("all_gather_into_tensor", _tensor_arg, "_allgather_base")
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> dist.Work:
         opts = opts or dist.AllgatherOptions()
         op = "all_gather_into_tensor"
-        if not output.is_cpu:
-            return self._cuda(op, output)._allgather_base(output, input, opts)
         comm, args, back = self._gather_into(op, output, input)
         return self._run(op, comm.all_gather, args, args[1], opts, [output], back)
 
     _allgather_base = all_gather_single
 
-    @_names_errors("all_gather_into_tensor_coalesced")
+    @_operation("all_gather_into_tensor_coalesced", _first,
+                "allgather_into_tensor_coalesced")
     def all_gather_single_coalesced(self, outputs: List[torch.Tensor],
                                     inputs: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.AllgatherOptions()
         op = "all_gather_into_tensor_coalesced"
-        if outputs and not outputs[0].is_cpu:
-            return self._cuda(op, outputs[0]).allgather_into_tensor_coalesced(
-                outputs, inputs, opts)
         starts, backs = [], []
         for output, input in zip(outputs, inputs):
             comm, args, back = self._gather_into(op, output, input)
@@ -318,14 +332,12 @@ class ProcessGroupHPC(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    @_names_errors("gather")
+    @_operation("gather", _first_of_second)
     def gather(self, output_tensors: List[List[torch.Tensor]],
                input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.GatherOptions()
         op = "gather"
         t = self._one(op, input_tensors)
-        if not t.is_cpu:
-            return self._cuda(op, t).gather(output_tensors, input_tensors, opts)
         root = self._root(op, opts.rootRank)
         comm, arr = _call.array(self._host, op, _tensors.inputs(t), output=False)
         if self.rank() != root:
@@ -343,14 +355,12 @@ class ProcessGroupHPC(dist.ProcessGroup):
         return self._run(op, comm.gather, (arr.reshape(-1), staging, root, counts), arr, opts,
                          output_tensors, _scatter_into(staging, outs), staging)
 
-    @_names_errors("scatter")
+    @_operation("scatter", _first)
     def scatter(self, output_tensors: List[torch.Tensor],
                 input_tensors: List[List[torch.Tensor]], opts: Any = None) -> dist.Work:
         opts = opts or dist.ScatterOptions()
         op = "scatter"
         t = self._one(op, output_tensors)
-        if not t.is_cpu:
-            return self._cuda(op, t).scatter(output_tensors, input_tensors, opts)
         root = self._root(op, opts.rootRank)
         out, back = _output(t)
         comm, out = _call.array(self._host, op, out)
@@ -370,14 +380,12 @@ class ProcessGroupHPC(dist.ProcessGroup):
         return self._run(op, comm.scatter, (staging, out.reshape(-1), root, counts), out, opts,
                          output_tensors, back, staging)
 
-    @_names_errors("reduce_scatter")
+    @_operation("reduce_scatter", _first)
     def reduce_scatter(self, output_tensors: List[torch.Tensor],
                        input_tensors: List[List[torch.Tensor]], opts: Any = None) -> dist.Work:
         opts = opts or dist.ReduceScatterOptions()
         op = "reduce_scatter"
         t = self._one(op, output_tensors)
-        if not t.is_cpu:
-            return self._cuda(op, t).reduce_scatter(output_tensors, input_tensors, opts)
         out, back = _output(_tensors.reducible(t))
         comm, out = _call.array(self._host, op, out, "output")
         ins = self._arrays(op, comm, out.dtype, self._one(op, input_tensors), "input_list",
@@ -405,27 +413,23 @@ class ProcessGroupHPC(dist.ProcessGroup):
         kind, factor = _call.reduction(self._host, op, red, out.dtype)
         return comm, (_call.apart(arr, out), out, kind, factor, None), back
 
-    @_names_errors("reduce_scatter_tensor")
+    @_operation("reduce_scatter_tensor", _tensor_arg, "_reduce_scatter_base")
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> dist.Work:
         opts = opts or dist.ReduceScatterOptions()
         op = "reduce_scatter_tensor"
-        if not output.is_cpu:
-            return self._cuda(op, output)._reduce_scatter_base(output, input, opts)
         comm, args, back = self._scatter_reduced(op, output, input, _reduce_op(opts.reduceOp))
         return self._run(op, comm.reduce_scatter, args, args[1], opts, [output], back)
 
     _reduce_scatter_base = reduce_scatter_single
 
-    @_names_errors("reduce_scatter_tensor_coalesced")
+    @_operation("reduce_scatter_tensor_coalesced", _first,
+                "reduce_scatter_tensor_coalesced")
     def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor],
                                         inputs: List[torch.Tensor], opts: Any = None
                                         ) -> dist.Work:
         opts = opts or dist.ReduceScatterOptions()
         op = "reduce_scatter_tensor_coalesced"
-        if outputs and not outputs[0].is_cpu:
-            return self._cuda(op, outputs[0]).reduce_scatter_tensor_coalesced(
-                outputs, inputs, opts)
         red, starts, backs = _reduce_op(opts.reduceOp), [], []
         for output, input in zip(outputs, inputs):
             comm, args, back = self._scatter_reduced(op, output, input, red)
@@ -435,14 +439,11 @@ class ProcessGroupHPC(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    @_names_errors("all_to_all")
+    @_operation("all_to_all", _first_of_second)
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> dist.Work:
         opts = opts or dist.AllToAllOptions()
         op = "all_to_all"
-        if input_tensors and not input_tensors[0].is_cpu:
-            return self._cuda(op, input_tensors[0]).alltoall(output_tensors, input_tensors,
-                                                             opts)
         first = _tensors.inputs(_call.count_list(self._host, op, input_tensors,
                                                  "input_tensor_list")[0])
         comm, first = _call.array(self._host, op, first, output=False)
@@ -456,15 +457,12 @@ class ProcessGroupHPC(dist.ProcessGroup):
                          output_tensors, _scatter_into(staging_out, outs),
                          (staging_in, staging_out))
 
-    @_names_errors("all_to_all_single")
+    @_operation("all_to_all_single", _tensor_arg, "alltoall_base")
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: List[int], input_split_sizes: List[int],
                           opts: Any = None) -> dist.Work:
         opts = opts or dist.AllToAllOptions()
         op = "all_to_all_single"
-        if not output.is_cpu:
-            return self._cuda(op, output).alltoall_base(output, input, output_split_sizes,
-                                                        input_split_sizes, opts)
         out, back = _output(output)
         comm, out, arr = _call.pair(self._host, op, out, _tensors.inputs(input), "output",
                                     "input")
@@ -497,30 +495,24 @@ class ProcessGroupHPC(dist.ProcessGroup):
             raise for_torch(exc) from None
 
     # -- point to point --------------------------------------------------------------------
-    @_names_errors("send")
+    @_operation("send", _first)
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
         t = self._one("send", tensors)
-        if not t.is_cpu:
-            return self._cuda("send", t).send(tensors, dstRank, tag)
         peer = self._peer("send", dstRank)
         comm, arr = _call.array(self._host, "send", _tensors.inputs(t), output=False)
         return self._p2p("send", comm.send, (arr, peer, tag), arr, peer, tensors)
 
-    @_names_errors("recv")
+    @_operation("recv", _first)
     def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int) -> dist.Work:
         t = self._one("recv", tensors)
-        if not t.is_cpu:
-            return self._cuda("recv", t).recv(tensors, srcRank, tag)
         peer = self._peer("recv", srcRank)
         arr, back = _output(t)
         comm, arr = _call.array(self._host, "recv", arr)
         return self._p2p("recv", comm.recv, (arr, peer, tag), arr, peer, tensors, back)
 
-    @_names_errors("recv")
+    @_operation("recv", _first)
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int) -> dist.Work:
         t = self._one("recv", tensors)
-        if not t.is_cpu:
-            return self._cuda("recv", t).recv_anysource(tensors, tag)
         arr, back = _output(t)
         comm, arr = _call.array(self._host, "recv", arr)
         return self._p2p("recv", comm.recv, (arr, None, tag), arr, None, tensors, back)

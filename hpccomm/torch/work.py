@@ -20,7 +20,6 @@ import threading
 import time
 from typing import Any, List, Optional
 
-import torch
 import torch.distributed as dist
 from torch.futures import Future
 
