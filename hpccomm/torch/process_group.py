@@ -17,6 +17,7 @@ same way. CUDA tensors go to torch's NCCL backend when the group was created wit
 """
 from __future__ import annotations
 
+import datetime
 import functools
 import importlib
 import time
@@ -195,6 +196,8 @@ class ProcessGroupHPC(dist.ProcessGroup):
             options = dist.ProcessGroupNCCL.Options()
             options.group_name = self._name
             options.global_ranks_in_group = list(self._host.ranks)
+            if self._host.timeout is not None:
+                options._timeout = datetime.timedelta(seconds=self._host.timeout)
             store = dist.PrefixStore("nccl/", self._store)
             self._cuda_backend = dist.ProcessGroupNCCL(store, self.rank(), self.size(),
                                                        options)

@@ -71,6 +71,7 @@ class Progress:
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         self._held = 0           # Python waiters polling MPI themselves
+        self._held_lock = threading.Lock()  # += is not atomic across threads
         self._parked = False     # the thread blocks on the condition variable
 
     def add(self, work: Any, urgent: bool = False) -> None:
@@ -91,11 +92,13 @@ class Progress:
 
     def hold(self) -> None:
         """A caller starts polling MPI itself: the thread skips its rounds meanwhile."""
-        self._held += 1
+        with self._held_lock:
+            self._held += 1
 
     def release(self) -> None:
         """The caller stopped polling."""
-        self._held -= 1
+        with self._held_lock:
+            self._held -= 1
 
     @property
     def running(self) -> bool:

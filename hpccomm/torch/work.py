@@ -145,7 +145,11 @@ class PendingWork(dist.Work):
         self._settle()
 
     def _settle(self) -> None:
-        """Complete the future, if one was handed out, exactly once."""
+        """Complete the future, if one was handed out, exactly once. (get_future() makes
+        the future before it checks ``_done``, and the completing thread sets ``_done``
+        before it calls this, so one of the two always sees both.)"""
+        if self._future is None:
+            return
         with self._lock:
             future = self._future
             if future is None or self._settled:
