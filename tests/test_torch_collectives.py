@@ -192,8 +192,7 @@ def test_reduce_to_every_root(torch_world, rank, size):
 
 
 # -- gathers and scatters ----------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.complex128,
-                                   torch.int16], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_all_gather_variants(torch_world, rank, size, dtype):
     parts = [torch.empty(6, dtype=dtype) for _ in range(size)]
     dist.all_gather(parts, value(rank, dtype))
@@ -260,6 +259,47 @@ def test_reduce_scatter_bfloat16_avg(torch_world, rank, size):
     out = torch.empty(4, dtype=torch.bfloat16)
     dist.reduce_scatter_tensor(out, whole, op=R.AVG)
     close(out, torch.full((4,), sum(r + rank for r in range(size)) / size))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_moving_ops_every_dtype(torch_world, rank, size, dtype):
+    """scatter, gather, all_to_all_single and send/recv carry every dtype unchanged."""
+    root = size - 1
+    out = torch.empty(6, dtype=dtype)
+    dist.scatter(out, [value(r, dtype) for r in range(size)] if rank == root else None,
+                 src=root)
+    close(out, value(rank, dtype))
+    parts = [torch.empty(6, dtype=dtype) for _ in range(size)] if rank == root else None
+    dist.gather(value(rank, dtype), parts, dst=root)
+    if rank == root:
+        for r, part in enumerate(parts):
+            close(part, value(r, dtype))
+    send = torch.cat([value(rank, dtype)[:2] for _ in range(size)])
+    recv = torch.empty(2 * size, dtype=dtype)
+    dist.all_to_all_single(recv, send)
+    close(recv, torch.cat([value(r, dtype)[:2] for r in range(size)]))
+    right, left = (rank + 1) % size, (rank - 1) % size
+    got = torch.empty(6, dtype=dtype)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, value(rank, dtype), right),
+                                    dist.P2POp(dist.irecv, got, left)])
+    for work in works:
+        work.wait()
+    close(got, value(left, dtype))
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d is not torch.bool], ids=str)
+def test_reducing_ops_every_dtype(torch_world, rank, size, dtype):
+    """reduce and reduce_scatter_tensor with SUM on every numeric dtype."""
+    inputs = [value(r, dtype) for r in range(size)]
+    total = _reference(R.SUM, inputs, dtype)
+    x = value(rank, dtype)
+    dist.reduce(x, dst=0)
+    if rank == 0:
+        close(x, total)
+    whole = torch.cat([value(rank, dtype)] * size)
+    out = torch.empty(6, dtype=dtype)
+    dist.reduce_scatter_tensor(out, whole)
+    close(out, total)
 
 
 def test_all_to_all_variants(torch_world, rank, size):

@@ -152,3 +152,23 @@ def test_ddp_job_script_is_valid_bash():
     with open(script) as f:
         text = f.read()
     assert "examples/torch_ddp.py" in text and "hpccomm._rank_env" in text
+
+
+# -- under Slurm ---------------------------------------------------------------------------------
+from test_slurm import _wait_job, slurm  # noqa: E402,F401  (a real single-node Slurm)
+
+
+def test_ddp_job_script_under_slurm(slurm, tmp_path):  # noqa: F811
+    """jobscripts/torch_ddp.sbatch: srun --mpi=pmi2 starts the DDP example on 2 ranks."""
+    out = tmp_path / "torch_ddp.out"
+    env = dict(slurm.env, HPCCOMM_PYTHON=sys.executable, HPCCOMM_CPU_BIND="none",
+               OMP_NUM_THREADS="1")
+    submitted = slurm.run(["sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1",
+                           "--time=3", f"--output={out}", f"--chdir={ROOT}",
+                           os.path.join(ROOT, "jobscripts", "torch_ddp.sbatch")], env=env)
+    job_id = submitted.stdout.strip().split(";")[0]
+    assert job_id.isdigit(), submitted
+    state = _wait_job(slurm, job_id, timeout=240)
+    text = out.read_text(errors="replace") if out.exists() else "(no output file)"
+    assert state == "COMPLETED", f"job {job_id} ended {state}:\n{text}\n{slurm.logs()}"
+    assert "DDP training on 2 ranks matches single-process training" in text, text
