@@ -5,7 +5,9 @@ torch needs a key-value store for every process group (its ``PrefixStore`` wraps
 It is a ``torch.distributed.Store`` subclass, so torch's C++ code (``PrefixStore``, NCCL's
 bootstrap of ``"cpu:hpccomm,cuda:nccl"``) reaches it through torch's store trampoline.
 
-One :class:`~hpccomm.stores.mpi.MPIStore` serves the whole process (creating one is
+It forwards the core operations (set, get, add, compare_set, wait, check, delete_key,
+num_keys); torch builds append and the multi-key calls on them. One
+:class:`~hpccomm.stores.mpi.MPIStore` serves the whole process (creating one is
 collective and starts a server thread on rank 0); each rendezvous gets its own key
 namespace in it, so a second ``init_process_group`` after ``destroy_process_group``
 never reads the first one's keys. The rendezvous keeps each store alive: torch holds it only from C++, which does not keep
@@ -15,7 +17,7 @@ raised as classes that are both hpccomm's and torch's ``DistStoreError``.
 from __future__ import annotations
 
 import datetime
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -79,18 +81,6 @@ class MPITorchStore(dist.Store):
 
     def getNumKeys(self) -> int:
         return self._call("num_keys")
-
-    def append(self, key: str, value: Any) -> None:
-        self._call("append", self._key(key), value)
-
-    def multi_get(self, keys: Sequence[str]) -> List[bytes]:
-        return self._call("multi_get", [self._key(k) for k in keys])
-
-    def multi_set(self, keys: Sequence[str], values: Sequence[Any]) -> None:
-        self._call("multi_set", [self._key(k) for k in keys], list(values))
-
-    def has_extended_api(self) -> bool:
-        return True
 
     def clone(self) -> "MPITorchStore":
         """The store itself: it is thread-safe, and a new Python object handed to C++
