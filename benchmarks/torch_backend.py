@@ -175,12 +175,14 @@ def markdown(rows: List[Dict], ddp: Dict, meta: Dict) -> str:
              "Median of interleaved rounds, maximum over ranks.", "",
              "## all_reduce (float32, µs per call)", "",
              "| size | mpi4py | hpccomm NumPy | torch hpccomm | torch hpccomm async | "
-             "torch gloo | hpccomm/mpi4py | gloo/hpccomm |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "torch gloo | torch hpccomm / mpi4py | torch hpccomm - NumPy | gloo / torch "
+             "hpccomm |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {size_text(r['bytes'])} | " +
                      " | ".join(f"{r[f'{v}_us']:.1f}" for v in VARIANTS) +
                      f" | {r['torch_hpccomm_over_mpi4py_time']:.2f} | "
+                     f"{r['torch_hpccomm_minus_numpy_us']:+.1f} µs | "
                      f"{r['gloo_over_torch_hpccomm_time']:.1f}x |")
     lines += ["", "Goals:", ""] + goals(rows) + [
         "", f"## DDP training step (ms; MLP {ddp['depth']}x{ddp['width']}, "
@@ -221,6 +223,18 @@ def plot(rows: List[Dict], ddp: Dict, meta: Dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def render(stem: str) -> None:
+    """The markdown table and the plot of a finished run, from its CSV and JSON."""
+    with open(stem + ".csv", newline="") as f:
+        rows = [{k: (int(v) if k in ("bytes", "rounds") else float(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)]
+    with open(stem + ".json") as f:
+        meta = json.load(f)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown(rows, meta["ddp"], meta))
+    plot(rows, meta["ddp"], meta, stem + ".png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="all",
@@ -231,7 +245,13 @@ def main() -> None:
                         help="DDP model WIDTHxDEPTHxBATCH, or 'none' (default 1024x4x32)")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs"),
                         help="directory for the outputs (default docs/)")
+    parser.add_argument("--render", type=int, metavar="N",
+                        help="measure nothing: rewrite the table and plot of an N-rank run "
+                             "from its CSV and JSON in --out (no launcher needed)")
     args = parser.parse_args()
+    if args.render:
+        render(os.path.join(args.out, f"bench_torch_n{args.render}"))
+        return
     sizes = DEFAULT_SIZES if args.sizes == "all" else [int(s) for s in args.sizes.split(",")]
     load_before = os.getloadavg()[0]
     torch.set_num_threads(1)  # one core per rank, as the ranks share the node
@@ -260,9 +280,7 @@ def main() -> None:
         with open(stem + ".json", "w") as f:
             json.dump(meta, f, indent=1)
         if ddp:
-            with open(stem + ".md", "w") as f:
-                f.write(markdown(rows, ddp, meta))
-            plot(rows, ddp, meta, stem + ".png")
+            render(stem)
         print("\n".join(goals(rows)), flush=True)
         print(f"wrote {stem}.csv/.json/.md/.png (load {load_before:.2f} -> "
               f"{meta['load_after']:.2f})", flush=True)
