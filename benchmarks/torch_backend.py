@@ -158,7 +158,7 @@ def goals(rows: List[Dict]) -> List[str]:
         f"- within 10% of raw mpi4py from 256 KiB up: worst torch/mpi4py time ratio "
         f"{worst_big:.3f} ({'met' if worst_big <= 1.10 else 'NOT met'})",
         f"- at {size_text(small['bytes'])}, no worse than hpccomm's NumPy path + 5 us: "
-        f"+{small['torch_hpccomm_minus_numpy_us']:.2f} us "
+        f"{small['torch_hpccomm_minus_numpy_us']:+.2f} us "
         f"({'met' if small['torch_hpccomm_minus_numpy_us'] <= 5 else 'NOT met'})",
         "- faster than gloo at every size: "
         + ("met" if not slower_than_gloo else f"NOT met at {', '.join(slower_than_gloo)}")
