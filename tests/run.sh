@@ -5,5 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+# torch extra: the torch backend's tests (CPU-only CI: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,torch]'
 exec .venv/bin/python tests/run_suite.py "$@"

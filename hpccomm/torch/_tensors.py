@@ -1,0 +1,122 @@
+"""torch CPU tensors as the NumPy arrays hpccomm's MPI backend takes, without copies.
+
+A contiguous CPU tensor becomes a NumPy view of its own memory (``Tensor.numpy()``), so
+MPI reads and writes the tensor itself. bfloat16, which NumPy lacks, is viewed as int16
+and reinterpreted as ``ml_dtypes.bfloat16`` (the MPI backend reduces it in float32). A
+dtype NumPy cannot hold at all (float8, complex32) still moves bit-exactly as bytes but
+cannot be reduced. A non-contiguous output is staged: the operation runs on a contiguous
+copy that is copied back when it completes.
+
+Reduction ops arrive as torch ``ReduceOp`` objects and leave as hpccomm's
+``RedOpType`` (plus the ``PREMUL_SUM`` factor, as hpccomm's ``ReduceOp``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..types import ReduceOp, RedOpType
+
+try:  # the torch extra installs it; without it bfloat16 tensors are refused clearly
+    import ml_dtypes
+
+    _BFLOAT16: Optional[np.dtype] = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the environment
+    _BFLOAT16 = None
+
+#: torch dtypes that ``Tensor.numpy()`` views directly.
+_VIEWABLE = frozenset([
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.float32, torch.float64,
+    torch.complex64, torch.complex128])
+
+#: hpccomm's RedOpType by torch's number for it (the two enums number kinds alike).
+_KINDS: Tuple[RedOpType, ...] = tuple(RedOpType)
+_PREMUL = int(RedOpType.PREMUL_SUM)
+_SUM, _TORCH_SUM = RedOpType.SUM, dist.ReduceOp.SUM
+
+
+#: dtypes MPI reduces (bfloat16 through float32); others only move (as bytes).
+_REDUCIBLE = _VIEWABLE | {torch.bfloat16}
+
+
+class Unsupported(TypeError):
+    """A tensor hpccomm cannot hand to MPI (the caller words the error)."""
+
+
+def view(t: torch.Tensor) -> np.ndarray:
+    """A NumPy array sharing ``t``'s memory (``t`` must be a contiguous CPU tensor)."""
+    dtype = t.dtype
+    if dtype in _VIEWABLE:
+        try:
+            return t.numpy()
+        except RuntimeError:  # requires grad, or a lazy conjugate/negative view
+            if t.is_conj() or t.is_neg():
+                raise Unsupported(f"a {dtype} tensor with a lazy conjugate or negative bit "
+                                  f"cannot be shared with MPI; call resolve_conj()/"
+                                  f"resolve_neg() first") from None
+            return t.detach().numpy()
+    if t.layout is not torch.strided:
+        raise Unsupported(f"{t.layout} tensors are not supported (dense tensors only)")
+    if dtype is torch.bfloat16:
+        if _BFLOAT16 is None:
+            raise Unsupported("bfloat16 tensors need the ml_dtypes package "
+                              "(pip install 'hpccomm[torch]')")
+        return t.detach().view(torch.int16).numpy().view(_BFLOAT16)
+    if t.dim() == 0:
+        t = t.reshape(1)
+    return t.detach().view(torch.uint8).numpy()  # moved as bytes; reductions refuse it
+
+
+def output(t: torch.Tensor) -> Tuple[np.ndarray, Optional[Callable[[], None]]]:
+    """``(array, copy_back)`` for a tensor the operation writes: its own memory when it
+    is contiguous (``copy_back`` is ``None``), else a contiguous copy and the step that
+    copies the result back into ``t``."""
+    if t.is_contiguous():
+        return view(t), None
+    staged = t.contiguous()
+
+    def copy_back() -> None:
+        with torch.no_grad():
+            t.copy_(staged)
+    return view(staged), copy_back
+
+
+def reducible(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, after checking that its dtype can be reduced (not moved as bytes)."""
+    if t.dtype not in _REDUCIBLE:
+        raise Unsupported(f"{t.dtype} tensors can be moved but not reduced")
+    return t
+
+
+def inputs(t: torch.Tensor) -> np.ndarray:
+    """The array for a tensor the operation only reads (copied if not contiguous)."""
+    return view(t if t.is_contiguous() else t.contiguous())
+
+
+def reduce_op(op: Any) -> Any:
+    """hpccomm's form of a torch reduction (a ``ReduceOp`` or its ``RedOpType``): a
+    ``RedOpType``, or a ``ReduceOp`` with the ``PREMUL_SUM`` factor (a Python number or
+    a one-element CPU tensor)."""
+    if op == _TORCH_SUM:  # the common case, one C++ comparison
+        return _SUM
+    try:
+        number = op.op.value
+    except AttributeError:  # a bare RedOpType
+        number = op.value
+    if number != _PREMUL:
+        return _KINDS[number]
+    factor = op.__getstate__()[1]
+    if isinstance(factor, torch.Tensor):
+        factor = factor.detach().cpu().reshape(-1)[0].item()
+    return ReduceOp(RedOpType.PREMUL_SUM, factor)
+
+
+def timeout_of(opts: Any) -> Optional[float]:
+    """The per-operation timeout in seconds from torch's options, or ``None`` when unset
+    (torch marks "unset" with -1 ms; zero means the same for a ``wait``)."""
+    seconds = opts.timeout.total_seconds()
+    return seconds if seconds > 0 else None

@@ -1,0 +1,206 @@
+"""Starting groups for torch: the ``mpi://`` rendezvous and the backend's group creator.
+
+``mpi://`` answers torch's rendezvous with MPI's rank and size and an
+:class:`~hpccomm.torch.store.MPITorchStore`: no address, port or file. Any other
+rendezvous (``env://``, ``tcp://``, a store) works too, provided the processes are one
+MPI job: the backend's communication always runs over MPI.
+
+:func:`create_group` is what ``Backend.register_backend`` calls (with torch's extended
+options) for every group whose CPU backend is ``"hpccomm"``:
+
+* the default group gets a duplicate of ``MPI_COMM_WORLD``, renumbered (``MPI_Comm_split``)
+  if torch's ranks differ from MPI's, plus a second duplicate, the control communicator,
+  on which later groups meet;
+* ``new_group`` (and ``new_subgroups``, DeviceMesh...) is called on members only, so a
+  subgroup is made with ``MPI_Comm_create_group``, members-only, after the members met
+  under the group's timeout (:func:`hpccomm.rendezvous.meet_members`), so a missing
+  member is a timeout error, not a hang.
+"""
+from __future__ import annotations
+
+import datetime
+import urllib.parse
+import warnings
+from typing import Any, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from .. import init as _init
+from .. import rendezvous as _meet
+from ..errors import DistValueError
+from ..group import ProcessGroup as HostGroup
+from ..types import default_pg_timeout
+from ..work import Work
+from . import progress as _progress
+from .process_group import ProcessGroupHPC
+from .store import MPITorchStore
+
+_CPU_ONLY = {"cpu": "mpi"}
+
+
+def _mpi() -> Any:
+    """hpccomm's MPI plumbing, imported on first use (importing it initializes MPI, which
+    ``import hpccomm.torch`` must not do)."""
+    from ..backends import mpi
+
+    return mpi
+
+
+class _State:
+    """This process's MPI side of torch's default group (reset when it is destroyed)."""
+
+    def __init__(self) -> None:
+        #: Communicator numbered as torch's global ranks, on which subgroups meet, and
+        #: whether it is ours to free (not when it is MPI_COMM_WORLD itself).
+        self.control: Optional[HostGroup] = None
+        self.control_owned = False
+        #: The one MPIStore behind every ``mpi://`` rendezvous, and the torch stores made
+        #: over it (kept alive here: torch refers to them only from C++).
+        self.store: Any = None
+        self.torch_stores: List[MPITorchStore] = []
+
+
+_state = _State()
+
+
+# -- mpi:// ------------------------------------------------------------------------------
+def mpi_rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
+                   **kwargs: Any) -> Iterator[Tuple[Any, int, int]]:
+    """torch's rendezvous handler for ``mpi://``: ``(store, rank, world_size)`` from MPI.
+
+    A rank or world size given to ``init_process_group`` (torch adds them to the URL) or
+    set in ``RANK``/``WORLD_SIZE`` must agree with MPI's. Collective over
+    ``MPI_COMM_WORLD``: every rank calls it, and a rank that never does is a timeout
+    error on the others.
+    """
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
+    world = _mpi().world()
+    rank, size = world.Get_rank(), world.Get_size()
+    seconds = timeout.total_seconds()
+    problem: Optional[Exception] = None
+    try:
+        _init.check_launch(rank, size, int(query.get("rank", -1)),
+                           int(query.get("world_size", -1)))
+    except (DistValueError, ValueError) as exc:
+        problem = exc
+    failing = [r for r, bad in enumerate(_mpi().allgather_flags(world, problem is not None,
+                                                               seconds)) if bad]
+    if problem is not None:
+        raise DistValueError(f"init_process_group(init_method='mpi://'): {problem}")
+    if failing:
+        raise DistValueError(f"init_process_group(init_method='mpi://'): rank(s) {failing} "
+                             f"rejected the launch settings (see their errors); rank {rank} "
+                             f"stops too")
+    if _state.store is None:
+        from ..stores.mpi import MPIStore  # collective: a duplicate of COMM_WORLD
+
+        _state.store = MPIStore(world, timeout=timeout)
+    store = MPITorchStore(_state.store, f"mpi-rendezvous-{len(_state.torch_stores)}/", timeout)
+    _state.torch_stores.append(store)
+    yield store, rank, size
+    raise RuntimeError("mpi:// cannot rendezvous again: the MPI job's processes are fixed")
+
+
+# -- the backend's creator -----------------------------------------------------------------
+def create_group(options: Any, backend_options: Any = None) -> ProcessGroupHPC:
+    """Make the torch group described by torch's ``_DistributedBackendOptions``."""
+    ranks: List[int] = list(options.global_ranks_in_group)
+    seconds = options.timeout.total_seconds()
+    name = str(options.group_id)
+    if not ranks:
+        host, on_shutdown = _world_group(options.group_rank, options.group_size, seconds,
+                                         name), _forget_world
+    else:
+        host, on_shutdown = _subgroup(ranks, options.group_rank, seconds, name), None
+    return ProcessGroupHPC(options.store, host, on_shutdown)
+
+
+def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
+    """The default group: MPI's world renumbered as torch's ranks, and the control
+    communicator; collective over ``MPI_COMM_WORLD``."""
+    world = _mpi().world()
+    mpi_size = world.Get_size()
+    if size != mpi_size:
+        single = (" This process is an MPI world of one: start the job with mpiexec -n N, "
+                  "srun or hpccomm run." if mpi_size == 1 else "")
+        raise DistValueError(
+            f"backend 'hpccomm' on rank {rank}: torch's world has {size} processes but "
+            f"MPI's has {mpi_size}; the backend communicates over MPI, so every torch rank "
+            f"must be one process of the MPI job.{single}")
+    torch_ranks = _allgather_ranks(world, rank, seconds)
+    if sorted(torch_ranks) != list(range(size)):
+        raise DistValueError(f"backend 'hpccomm': the torch ranks of MPI's processes are "
+                             f"{torch_ranks}, not each of 0..{size - 1} once")
+    renumbered = None
+    base = world
+    if torch_ranks != list(range(size)):  # e.g. env:// with RANK set another way
+        base = renumbered = _mpi().split(world, 0, rank)
+    try:
+        _init._share_cores(_mpi(), base)  # how waits yield when ranks outnumber cores
+        control = HostGroup(_mpi().dup(base), name="hpccomm-torch-control",
+                            world_ranks=range(size), timeout=seconds, backends=_CPU_ONLY)
+        host = HostGroup(_mpi().dup(base), name=name, world_ranks=range(size),
+                         timeout=seconds, backends=_CPU_ONLY)
+    finally:
+        _mpi().free(renumbered)
+    _forget_world()
+    _state.control, _state.control_owned = control, True
+    if not _progress.available():
+        warnings.warn(
+            "hpccomm.torch: MPI was initialized below MPI_THREAD_MULTIPLE, so asynchronous "
+            "operations progress only while waited for, and Work.get_future() waits for "
+            "the operation before returning (DDP still works, without overlap). Leave "
+            "mpi4py.rc.thread_level at its default, 'multiple'.", RuntimeWarning,
+            stacklevel=2)
+    return host
+
+
+def _forget_world() -> None:
+    """The default group was destroyed: free the control communicator."""
+    if _state.control is not None and _state.control_owned:
+        _state.control.shutdown()
+    _state.control, _state.control_owned = None, False
+
+
+def _allgather_ranks(world: Any, rank: int, seconds: float) -> List[int]:
+    """Every MPI rank's torch rank, gathered without blocking past ``seconds``."""
+    mine, ranks = np.array([rank], dtype=np.int64), np.empty(world.Get_size(), np.int64)
+    work = Work(*_mpi().MPICommunicator(world, seconds).all_gather(mine, ranks, None))
+    work.op, work.timeout = "init_process_group (ranks agreeing on torch's numbering)", seconds
+    work.wait()
+    return [int(r) for r in ranks]
+
+
+def _subgroup(ranks: List[int], group_rank: int, seconds: float, name: str) -> HostGroup:
+    """A group of torch global ``ranks`` (this rank among them), members only."""
+    control = _control_for_subgroups(seconds)
+    _meet.meet_members(control, ranks, f"new_group({ranks})", seconds)
+    tag = (hash(tuple(ranks)) & 0x3FFF) + 1
+    comm = _mpi().create_subcomm(control.comm, ranks, tag)
+    host = HostGroup(comm, name=name, world_ranks=ranks, timeout=seconds, backends=_CPU_ONLY)
+    if host.rank() != group_rank:  # torch and MPI number members alike (sorted order)
+        host.shutdown()
+        raise DistValueError(f"backend 'hpccomm': group {name} has this process at rank "
+                             f"{group_rank} for torch but {host.rank()} for MPI")
+    return host
+
+
+def _control_for_subgroups(seconds: float) -> HostGroup:
+    """Where members meet: the default group's control communicator; without an hpccomm
+    default group (e.g. default "gloo"), ``MPI_COMM_WORLD`` itself, whose ranks must then
+    be torch's."""
+    if _state.control is not None:
+        return _state.control
+    import torch.distributed as dist
+
+    world = _mpi().world()
+    if (world.Get_size(), world.Get_rank()) != (dist.get_world_size(), dist.get_rank()):
+        raise DistValueError(
+            f"backend 'hpccomm' for a new group: torch's rank {dist.get_rank()} of "
+            f"{dist.get_world_size()} is MPI's rank {world.Get_rank()} of "
+            f"{world.Get_size()}; without an hpccomm default group the two numberings must "
+            f"agree (launch one MPI job and use init_method='mpi://')")
+    _state.control = HostGroup(world, name="MPI_COMM_WORLD", world_ranks=range(world.Get_size()),
+                               timeout=seconds, backends=_CPU_ONLY)
+    return _state.control
+

@@ -1,0 +1,619 @@
+"""``ProcessGroupHPC``: a torch ``ProcessGroup`` whose CPU operations run on hpccomm.
+
+torch's backend registry calls the group's methods (``allreduce``, ``all_gather_single``,
+``reduce_scatter_single_coalesced``...) from its Python wrappers and, through its
+``ProcessGroup`` trampoline, from C++ (functional collectives, DDP). Each method turns
+the tensors into NumPy views of their memory (:mod:`._tensors`), validates them with
+hpccomm's shared helpers (:mod:`hpccomm._call`) and starts one nonblocking operation on
+the group's MPI communicator through hpccomm's MPI backend, the same path as
+``hpccomm.all_reduce`` on NumPy arrays. A synchronous call (``opts.asyncOp`` false, what
+torch's wrappers pass for ``async_op=False``) polls the request on the calling thread
+and returns a completed Work; an asynchronous one returns a
+:class:`~hpccomm.torch.work.PendingWork`.
+
+Group ranks are torch's group ranks; the group's communicator numbers its ranks the
+same way. CUDA tensors go to torch's NCCL backend when the group was created with
+``"cpu:hpccomm,cuda:nccl"``.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .. import _call
+from ..collectives import _concatenate, _scatter_into, _splits, _uneven_counts
+from ..errors import DistBackendError
+from ..group import ProcessGroup as HostGroup
+from ..types import timeout_seconds
+from ..work import chain
+from . import _tensors
+from .errors import for_torch
+from .work import DONE, PendingWork
+
+_reduce_op = _tensors.reduce_op
+_timeout_of = _tensors.timeout_of
+_view = _tensors.view
+_launch = _call.launch
+_CPU = torch.device("cpu")
+_CUDA = torch.device("cuda")
+
+
+def _output(t: torch.Tensor) -> Tuple[Any, Optional[Callable[[], None]]]:
+    """The common case inline: a contiguous tensor is its own buffer."""
+    if t.is_contiguous():
+        return _view(t), None
+    return _tensors.output(t)
+
+
+def _operation(op: str, first: Callable[[tuple], Any], nccl: Optional[str] = None
+               ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """What every operation method shares, around its CPU body: tensors on another device
+    go to the group's CUDA backend (its method ``nccl``, default the same name), found
+    by ``first(args)`` (the first tensor, ``None`` for empty lists); a tensor MPI cannot
+    take becomes an error naming ``op``, this rank and this group, raised before
+    anything is communicated."""
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        name = nccl or method.__name__
+
+        @functools.wraps(method)
+        def run(self: "ProcessGroupHPC", *args: Any, **kwargs: Any) -> Any:
+            try:
+                tensor = first(args)
+            except (IndexError, TypeError):
+                tensor = None
+            if tensor is not None and not tensor.is_cpu:
+                return getattr(self._cuda(op, tensor), name)(*args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            except _tensors.Unsupported as exc:
+                raise self._host.error(op, str(exc)) from None
+        return run
+    return decorate
+
+
+def _first(args: tuple) -> Any:
+    """The first tensor of the first argument (a list of tensors)."""
+    return args[0][0]
+
+
+def _first_of_second(args: tuple) -> Any:
+    """The first tensor of the second argument (the inputs after the outputs)."""
+    return args[1][0]
+
+
+def _tensor_arg(args: tuple) -> Any:
+    """The first argument, itself a tensor."""
+    return args[0]
+
+
+def _combine(parts: Sequence[Any]) -> Any:
+    """Several started operations as one ``(test, finish, keep)``."""
+    tests = [part[0] for part in parts]
+    finish = None
+    for part in parts:
+        finish = chain(finish, part[1])
+
+    def test() -> bool:
+        while tests:
+            if not tests[-1]():
+                return False
+            tests.pop()
+        return True
+    return test, finish, [part[2] for part in parts]
+
+
+class ProcessGroupHPC(dist.ProcessGroup):
+    """A torch process group over one MPI communicator (registered as ``"hpccomm"``)."""
+
+    def __init__(self, store: Any, host: HostGroup,
+                 on_shutdown: Optional[Callable[[], None]] = None):
+        # torch 2.13's (store, rank, size) constructor builds no Python trampoline, so a
+        # subclass must use (rank, size); get_group_store() below returns the store.
+        super().__init__(host.rank(), host.size())
+        self._host = host
+        self._on_shutdown = on_shutdown
+        self._store = store
+        self._name = host.group_name
+        self._desc = host.group_desc
+        self._cuda_backend: Any = None
+
+    # -- identity --------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return "hpccomm"
+
+    def setGroupName(self, name: str) -> None:
+        self._name = self._host.group_name = name
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = self._host.group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    @property
+    def _device_types(self) -> List[torch.device]:
+        """The devices this group serves; torch reads it to place object collectives and
+        state-dict loading (a Python group has no registered backends to report)."""
+        return [_CPU, _CUDA] if self._nccl_configured() else [_CPU]
+
+    def get_group_store(self) -> Any:
+        """The store torch gave this group (a PrefixStore of the default store)."""
+        return self._store
+
+    @property
+    def host_group(self) -> HostGroup:
+        """The hpccomm group underneath (its MPI communicator is ``host_group.comm``)."""
+        return self._host
+
+    def __repr__(self) -> str:
+        return (f"<ProcessGroupHPC '{self._name}' rank {self.rank()}/{self.size()} "
+                f"global ranks {list(self._host.ranks)}>")
+
+    # -- dispatch --------------------------------------------------------------------------
+    def _run(self, op: str, start: Callable[..., Any], args: tuple, arr: Any, opts: Any,
+             outputs: List[Any], after: Optional[Callable[[], None]] = None,
+             keep: Any = None) -> dist.Work:
+        async_op = opts.asyncOp
+        try:
+            outcome = _launch(self._host, op, start, args, arr, async_op, None,
+                              _timeout_of(opts), (), after, keep)
+        except DistBackendError as exc:
+            raise for_torch(exc) from None
+        if async_op:
+            return PendingWork(outcome, outputs)._share()
+        return DONE
+
+    def _run_all(self, op: str, starts: List[Tuple[Callable[..., Any], tuple]], arr: Any,
+                 opts: Any, outputs: List[Any], after: Optional[Callable[[], None]] = None
+                 ) -> dist.Work:
+        """Several operations started together, completed as one Work (coalesced calls)."""
+        def start_all() -> Any:
+            return _combine([start(*args) for start, args in starts])
+        return self._run(op, start_all, (), arr, opts, outputs, after)
+
+    def _one(self, op: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        if len(tensors) != 1:
+            raise self._host.error(op, f"expected a list of one tensor, got {len(tensors)} "
+                                       f"(one tensor per process, as torch's CPU backends)")
+        return tensors[0]
+
+    def _cuda(self, op: str, tensor: torch.Tensor) -> Any:
+        """torch's NCCL backend for this group's CUDA tensors (created on first use)."""
+        if tensor.device.type != "cuda" or not self._nccl_configured():
+            raise self._host.error(op, f"tensors on {tensor.device} are not served by "
+                                       f"backend 'hpccomm' (CPU only); create the group "
+                                       f"with backend 'cpu:hpccomm,cuda:nccl' for CUDA")
+        if self._cuda_backend is None:
+            options = dist.ProcessGroupNCCL.Options()
+            options.group_name = self._name
+            options.global_ranks_in_group = list(self._host.ranks)
+            if self._host.timeout is not None:
+                options._timeout = datetime.timedelta(seconds=self._host.timeout)
+            store = dist.PrefixStore("nccl/", self._store)
+            self._cuda_backend = dist.ProcessGroupNCCL(store, self.rank(), self.size(),
+                                                       options)
+        return self._cuda_backend
+
+    def _nccl_configured(self) -> bool:
+        config = dist.distributed_c10d._world.pg_backend_config.get(self, "")
+        return "cuda:nccl" in str(config)
+
+    # -- collectives -------------------------------------------------------------------------
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts or dist.AllreduceOptions()
+        t = tensors[0] if len(tensors) == 1 else self._one("all_reduce", tensors)
+        back = None
+        try:  # the hot path inline: a contiguous tensor NumPy can view directly
+            arr = t.numpy() if t.is_contiguous() else None
+        except (RuntimeError, TypeError):  # bfloat16, requires_grad...: the general way
+            arr = None
+        if arr is None:
+            if not t.is_cpu:
+                return self._cuda("all_reduce", t).allreduce(tensors, opts)
+            try:
+                arr, back = _output(_tensors.reducible(t))
+            except _tensors.Unsupported as exc:
+                raise self._host.error("all_reduce", str(exc)) from None
+        comm, arr, kind, factor = _call.reduce_operand(self._host, "all_reduce", arr,
+                                                       _reduce_op(opts.reduceOp))
+        return self._run("all_reduce", comm.all_reduce, (arr, kind, factor), arr, opts,
+                         tensors, back)
+
+    @_operation("all_reduce_coalesced", _first)
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts or dist.AllreduceCoalescedOptions()
+        op, starts, backs = _reduce_op(opts.reduceOp), [], []
+        for t in tensors:
+            arr, back = _output(_tensors.reducible(t))
+            comm, arr, kind, factor = _call.reduce_operand(self._host, "all_reduce_coalesced",
+                                                           arr, op)
+            starts.append((comm.all_reduce, (arr, kind, factor)))
+            backs.append(back)
+        return self._run_all("all_reduce_coalesced", starts, None, opts, tensors,
+                             _steps(backs))
+
+    @_operation("broadcast", _first)
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts or dist.BroadcastOptions()
+        t = self._one("broadcast", tensors)
+        root = self._root("broadcast", opts.rootRank)
+        arr, back = _output(t)
+        comm, arr = _call.array(self._host, "broadcast", arr)
+        return self._run("broadcast", comm.broadcast, (arr, root), arr, opts, tensors, back)
+
+    @_operation("reduce", _first)
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts or dist.ReduceOptions()
+        t = self._one("reduce", tensors)
+        root = self._root("reduce", opts.rootRank)
+        arr, back = _output(_tensors.reducible(t))
+        comm, arr, kind, factor = _call.reduce_operand(self._host, "reduce", arr,
+                                                       _reduce_op(opts.reduceOp))
+        return self._run("reduce", comm.reduce, (arr, kind, factor, root), arr, opts,
+                         tensors, back)
+
+    @_operation("all_gather", _first_of_second)
+    def allgather(self, output_tensors: List[List[torch.Tensor]],
+                  input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts or dist.AllgatherOptions()
+        op = "all_gather"
+        t = self._one(op, input_tensors)
+        outputs = self._one(op, output_tensors)
+        comm, arr = _call.array(self._host, op, _tensors.inputs(t), output=False)
+        outs = self._arrays(op, comm, arr.dtype, outputs, "output_tensors")
+        counts = [out.size for out in outs]
+        if counts[self.rank()] != arr.size:
+            raise self._host.error(op, f"input has {arr.size} elements but output "
+                                       f"{self.rank()} has {counts[self.rank()]}")
+        staging = _call.empty(arr, sum(counts))
+        return self._run(op, comm.all_gather, (arr.reshape(-1), staging,
+                                               _uneven_counts(counts)), arr, opts,
+                         output_tensors, _scatter_into(staging, outs), staging)
+
+    @_operation("all_gather_coalesced", _first_of_second)
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
+                            input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts or dist.AllgatherOptions()
+        op = "all_gather_coalesced"
+        if len(output_lists) != len(input_tensors):
+            raise self._host.error(op, f"{len(output_lists)} output lists for "
+                                       f"{len(input_tensors)} inputs")
+        starts, steps, keep = [], [], []
+        for outputs, t in zip(output_lists, input_tensors):
+            comm, arr = _call.array(self._host, op, _tensors.inputs(t), output=False)
+            outs = self._arrays(op, comm, arr.dtype, outputs, "output_lists[i]")
+            staging = _call.empty(arr, sum(out.size for out in outs))
+            starts.append((comm.all_gather, (arr.reshape(-1), staging,
+                                             _uneven_counts([o.size for o in outs]))))
+            steps.append(_scatter_into(staging, outs))
+            keep.append(staging)
+        return self._run_all(op, starts, None, opts, output_lists, _steps(steps))
+
+    def _gather_into(self, op: str, output: torch.Tensor, input: torch.Tensor
+                     ) -> Tuple[Any, Tuple[Any, Any, None], Optional[Callable[[], None]]]:
+        """``(communicator, all_gather args, copy-back)`` for one tensor-into-tensor gather;
+        an input that is this rank's block of the output gathers in place."""
+        out, back = _output(output)
+        comm, out, arr = _call.pair(self._host, op, out, _tensors.inputs(input),
+                                    "output_tensor", "input_tensor")
+        if out.size != arr.size * self.size():
+            raise self._host.error(op, f"output_tensor has {out.size} elements, expected "
+                                       f"{self.size()} x {arr.size} (group size x input)")
+        return comm, (_call.apart(arr, out, block=self.rank()), out, None), back
+
+    @_operation("all_gather_into_tensor", _tensor_arg, "_allgather_base")
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> dist.Work:
+        opts = opts or dist.AllgatherOptions()
+        op = "all_gather_into_tensor"
+        comm, args, back = self._gather_into(op, output, input)
+        return self._run(op, comm.all_gather, args, args[1], opts, [output], back)
+
+    _allgather_base = all_gather_single
+
+    @_operation("all_gather_into_tensor_coalesced", _first,
+                "allgather_into_tensor_coalesced")
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor],
+                                    inputs: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts or dist.AllgatherOptions()
+        op = "all_gather_into_tensor_coalesced"
+        starts, backs = [], []
+        for output, input in zip(outputs, inputs):
+            comm, args, back = self._gather_into(op, output, input)
+            starts.append((comm.all_gather, args))
+            backs.append(back)
+        return self._run_all(op, starts, None, opts, list(outputs), _steps(backs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    @_operation("gather", _first_of_second)
+    def gather(self, output_tensors: List[List[torch.Tensor]],
+               input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts or dist.GatherOptions()
+        op = "gather"
+        t = self._one(op, input_tensors)
+        root = self._root(op, opts.rootRank)
+        comm, arr = _call.array(self._host, op, _tensors.inputs(t), output=False)
+        if self.rank() != root:
+            if output_tensors and any(output_tensors):
+                raise self._host.error(op, "gather_list must be empty on ranks other than "
+                                           "the destination")
+            return self._run(op, comm.gather, (arr.reshape(-1), None, root, []), arr, opts,
+                             [])
+        outs = self._arrays(op, comm, arr.dtype, self._one(op, output_tensors), "gather_list")
+        counts = [out.size for out in outs]
+        if counts[root] != arr.size:
+            raise self._host.error(op, f"tensor has {arr.size} elements but gather_list"
+                                       f"[{root}] has {counts[root]}")
+        staging = _call.empty(arr, sum(counts))
+        return self._run(op, comm.gather, (arr.reshape(-1), staging, root, counts), arr, opts,
+                         output_tensors, _scatter_into(staging, outs), staging)
+
+    @_operation("scatter", _first)
+    def scatter(self, output_tensors: List[torch.Tensor],
+                input_tensors: List[List[torch.Tensor]], opts: Any = None) -> dist.Work:
+        opts = opts or dist.ScatterOptions()
+        op = "scatter"
+        t = self._one(op, output_tensors)
+        root = self._root(op, opts.rootRank)
+        out, back = _output(t)
+        comm, out = _call.array(self._host, op, out)
+        if self.rank() != root:
+            if input_tensors and any(input_tensors):
+                raise self._host.error(op, "scatter_list must be empty on ranks other than "
+                                           "the source")
+            return self._run(op, comm.scatter, (None, out.reshape(-1), root, []), out, opts,
+                             output_tensors, back)
+        ins = self._arrays(op, comm, out.dtype, self._one(op, input_tensors), "scatter_list",
+                           output=False)
+        counts = [arr.size for arr in ins]
+        if counts[root] != out.size:
+            raise self._host.error(op, f"tensor has {out.size} elements but scatter_list"
+                                       f"[{root}] has {counts[root]}")
+        staging = _concatenate(ins, out)
+        return self._run(op, comm.scatter, (staging, out.reshape(-1), root, counts), out, opts,
+                         output_tensors, back, staging)
+
+    @_operation("reduce_scatter", _first)
+    def reduce_scatter(self, output_tensors: List[torch.Tensor],
+                       input_tensors: List[List[torch.Tensor]], opts: Any = None) -> dist.Work:
+        opts = opts or dist.ReduceScatterOptions()
+        op = "reduce_scatter"
+        t = self._one(op, output_tensors)
+        out, back = _output(_tensors.reducible(t))
+        comm, out = _call.array(self._host, op, out, "output")
+        ins = self._arrays(op, comm, out.dtype, self._one(op, input_tensors), "input_list",
+                           output=False)
+        counts = [arr.size for arr in ins]
+        if counts[self.rank()] != out.size:
+            raise self._host.error(op, f"output has {out.size} elements but input_list"
+                                       f"[{self.rank()}] has {counts[self.rank()]}")
+        kind, factor = _call.reduction(self._host, op, _reduce_op(opts.reduceOp), out.dtype)
+        staging = _concatenate(ins, out)
+        return self._run(op, comm.reduce_scatter, (staging, out.reshape(-1), kind, factor,
+                                                   _uneven_counts(counts)), out, opts,
+                         output_tensors, back, staging)
+
+    def _scatter_reduced(self, op: str, output: torch.Tensor, input: torch.Tensor, red: Any
+                         ) -> Tuple[Any, tuple, Optional[Callable[[], None]]]:
+        """``(communicator, reduce_scatter args, copy-back)`` for a tensor-into-tensor
+        reduce-scatter."""
+        out, back = _output(_tensors.reducible(output))
+        comm, out, arr = _call.pair(self._host, op, out, _tensors.inputs(input), "output",
+                                    "input")
+        if arr.size != out.size * self.size():
+            raise self._host.error(op, f"input has {arr.size} elements, expected "
+                                       f"{self.size()} x {out.size} (group size x output)")
+        kind, factor = _call.reduction(self._host, op, red, out.dtype)
+        return comm, (_call.apart(arr, out), out, kind, factor, None), back
+
+    @_operation("reduce_scatter_tensor", _tensor_arg, "_reduce_scatter_base")
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> dist.Work:
+        opts = opts or dist.ReduceScatterOptions()
+        op = "reduce_scatter_tensor"
+        comm, args, back = self._scatter_reduced(op, output, input, _reduce_op(opts.reduceOp))
+        return self._run(op, comm.reduce_scatter, args, args[1], opts, [output], back)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    @_operation("reduce_scatter_tensor_coalesced", _first,
+                "reduce_scatter_tensor_coalesced")
+    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor],
+                                        inputs: List[torch.Tensor], opts: Any = None
+                                        ) -> dist.Work:
+        opts = opts or dist.ReduceScatterOptions()
+        op = "reduce_scatter_tensor_coalesced"
+        red, starts, backs = _reduce_op(opts.reduceOp), [], []
+        for output, input in zip(outputs, inputs):
+            comm, args, back = self._scatter_reduced(op, output, input, red)
+            starts.append((comm.reduce_scatter, args))
+            backs.append(back)
+        return self._run_all(op, starts, None, opts, list(outputs), _steps(backs))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    @_operation("all_to_all", _first_of_second)
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts: Any = None) -> dist.Work:
+        opts = opts or dist.AllToAllOptions()
+        op = "all_to_all"
+        first = _tensors.inputs(_call.count_list(self._host, op, input_tensors,
+                                                 "input_tensor_list")[0])
+        comm, first = _call.array(self._host, op, first, output=False)
+        ins = self._arrays(op, comm, first.dtype, input_tensors, "input_tensor_list",
+                           output=False)
+        outs = self._arrays(op, comm, first.dtype, output_tensors, "output_tensor_list")
+        staging_in = _concatenate(ins, first)
+        staging_out = _call.empty(first, sum(out.size for out in outs))
+        return self._run(op, comm.all_to_all, (staging_in, staging_out, [a.size for a in ins],
+                                               [o.size for o in outs]), first, opts,
+                         output_tensors, _scatter_into(staging_out, outs),
+                         (staging_in, staging_out))
+
+    @_operation("all_to_all_single", _tensor_arg, "alltoall_base")
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: List[int], input_split_sizes: List[int],
+                          opts: Any = None) -> dist.Work:
+        opts = opts or dist.AllToAllOptions()
+        op = "all_to_all_single"
+        out, back = _output(output)
+        comm, out, arr = _call.pair(self._host, op, out, _tensors.inputs(input), "output",
+                                    "input")
+        arr = _call.apart(arr, out)
+        if not output_split_sizes and not input_split_sizes:
+            if arr.size != out.size or arr.size % self.size():
+                raise self._host.error(op, f"input ({arr.size} elements) and output "
+                                           f"({out.size}) must have equal sizes divisible by "
+                                           f"the group size {self.size()}")
+            args = (arr, out, None, None)
+        else:
+            args = (arr, out, _splits(self._host, op, arr, input_split_sizes or None, "input"),
+                    _splits(self._host, op, out, output_split_sizes or None, "output"))
+        return self._run(op, comm.all_to_all, args, arr, opts, [output], back)
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        opts = opts or dist.BarrierOptions()
+        return self._run("barrier", self._host.cpu.barrier, (), None, opts, [])
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout``."""
+        if self.size() == 1:
+            return
+        limit = timeout_seconds(timeout) or self._host.timeout
+        try:
+            _monitored_barrier()(self._host, limit, wait_all_ranks)
+        except DistBackendError as exc:
+            raise for_torch(exc) from None
+
+    # -- point to point --------------------------------------------------------------------
+    @_operation("send", _first)
+    def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
+        t = self._one("send", tensors)
+        peer = self._peer("send", dstRank)
+        comm, arr = _call.array(self._host, "send", _tensors.inputs(t), output=False)
+        return self._p2p("send", comm.send, (arr, peer, tag), arr, peer, tensors)
+
+    @_operation("recv", _first)
+    def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int) -> dist.Work:
+        t = self._one("recv", tensors)
+        peer = self._peer("recv", srcRank)
+        arr, back = _output(t)
+        comm, arr = _call.array(self._host, "recv", arr)
+        return self._p2p("recv", comm.recv, (arr, peer, tag), arr, peer, tensors, back)
+
+    @_operation("recv", _first)
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int) -> dist.Work:
+        t = self._one("recv", tensors)
+        arr, back = _output(t)
+        comm, arr = _call.array(self._host, "recv", arr)
+        return self._p2p("recv", comm.recv, (arr, None, tag), arr, None, tensors, back)
+
+    def _p2p(self, op: str, start: Callable[..., Any], args: tuple, arr: Any,
+             peer: Optional[int], tensors: List[torch.Tensor],
+             after: Optional[Callable[[], None]] = None) -> dist.Work:
+        """Point-to-point calls have no async flag in torch (``send`` is ``isend`` plus
+        ``wait``), so they always return a PendingWork; one that does not complete at once
+        (a large or unmatched message) is also driven by the progress thread, so that
+        ``batch_isend_irecv``'s one-by-one calls and ``isend`` overlap with compute."""
+        global_peer = None if peer is None else self._host.ranks[peer]
+        try:
+            work = _launch(self._host, op, start, args, arr, True, global_peer, None, (),
+                           after)
+        except DistBackendError as exc:
+            raise for_torch(exc) from None
+        if peer is not None and work._value is None:
+            work._value = peer  # what source_rank() reports
+        pending = PendingWork(work, tensors)
+        if not pending._advance():
+            pending._share()
+        return pending
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _root(self, op: str, rank: int) -> int:
+        if not 0 <= rank < self.size():
+            raise self._host.error(op, f"root rank {rank} is out of range for a group of "
+                                       f"size {self.size()}")
+        return rank
+
+    def _peer(self, op: str, rank: int) -> int:
+        self._root(op, rank)
+        if rank == self.rank():
+            raise self._host.error(op, f"peer {rank} is this rank itself; a process cannot "
+                                       f"send to or receive from itself")
+        return rank
+
+    def _arrays(self, op: str, comm: Any, dtype: Any, tensors: Sequence[torch.Tensor],
+                what: str, output: bool = True) -> List[Any]:
+        """One array per rank, same dtype, all on the CPU communicator."""
+        arrays = []
+        for index, t in enumerate(_call.count_list(self._host, op, tensors, what)):
+            raw = _view(t.contiguous()) if not output else _output_only(self._host, op, t,
+                                                                      what, index)
+            item_comm, arr = _call.array(self._host, op, raw, f"{what}[{index}]",
+                                         output=output)
+            _call.same_device(self._host, op, comm, item_comm, f"{what}[{index}]")
+            _call.same_dtype(self._host, op, dtype, arr, f"{what}[{index}]")
+            arrays.append(arr)
+        return arrays
+
+    # -- life cycle -------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Free the group's communicator (torch calls it from destroy_process_group)."""
+        if self._cuda_backend is not None:
+            self._cuda_backend.shutdown()
+        self._host.shutdown()
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+
+    def abort(self) -> None:
+        """MPI offers no local abort of one communicator: abort the job."""
+        self._host.cpu.abort()
+
+
+def _output_only(host: HostGroup, op: str, t: torch.Tensor, what: str, index: int) -> Any:
+    """A list entry the operation writes: must be its own contiguous memory (results are
+    copied into it after the operation)."""
+    if t.is_contiguous():
+        return _view(t)
+    raise host.error(op, f"{what}[{index}] is not contiguous; pass contiguous tensors")
+
+
+def _steps(steps: Sequence[Optional[Callable[[], None]]]) -> Optional[Callable[[], None]]:
+    """One step running ``steps`` (``None`` entries skipped) in order."""
+    combined = None
+    for step in steps:
+        combined = chain(combined, step)
+    return combined
+
+
+def _monitored_barrier() -> Callable[[HostGroup, float, bool], None]:
+    """hpccomm's monitored barrier for an hpccomm group: rank 0 collects, others report."""
+    for name in ("hpccomm.diagnostics.monitored_barrier", "hpccomm.monitored_barrier"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        collect, acknowledge = module._collect, module._acknowledge
+        break
+    else:  # pragma: no cover - both layouts gone
+        raise ImportError("hpccomm's monitored_barrier module is missing")
+
+    def run(host: HostGroup, limit: float, wait_all: bool) -> None:
+        deadline = time.monotonic() + limit
+        if host.rank() == 0:
+            collect(host, limit, deadline, wait_all)
+        else:
+            acknowledge(host, limit, deadline)
+    return run

@@ -1,0 +1,174 @@
+"""Backend "hpccomm" started as users start it, and broken on purpose: each scenario is
+its own ``mpiexec`` job (tests/scripts/torch_case.py), run from a serial test with a
+hard time limit. Also the packaging promises: ``import hpccomm`` never imports torch,
+and ``hpccomm.torch`` says what is missing when torch is.
+"""
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install 'hpccomm[torch]'); "
+                                    "the torch backend is untested")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASE = os.path.join(ROOT, "tests", "scripts", "torch_case.py")
+
+
+def mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else "mpiexec"
+
+
+def run(args, n=None, limit=120, **env):
+    full = dict(os.environ, **{k: str(v) for k, v in env.items()})
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if name not in env:
+            full.pop(name, None)
+    cmd = ([mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + list(args)
+    done = subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True,
+                          timeout=limit)
+    return done.returncode, done.stdout + done.stderr
+
+
+def results(output):
+    """``[(rank, fields)]`` of the ``RESULT rank=R key=value...`` lines (error= is last)."""
+    found = []
+    for line in output.splitlines():
+        if line.startswith("RESULT "):
+            rank = int(re.search(r"rank=(\d+)", line).group(1))
+            found.append((rank, dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", line[7:]))))
+    return found
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- packaging -------------------------------------------------------------------------------
+def test_import_hpccomm_never_imports_torch():
+    code, output = run(["-c", "import sys, hpccomm; hpccomm.ReduceOp.SUM; "
+                              "print(sorted(m for m in sys.modules if m.split('.')[0] == "
+                              "'torch'))"])
+    assert code == 0, output
+    assert output.strip().endswith("[]"), output
+
+
+def test_hpccomm_torch_without_torch_names_the_extra():
+    code, output = run(["-c", "import sys; sys.modules['torch'] = None; import hpccomm.torch"])
+    assert code != 0
+    assert "pip install 'hpccomm[torch]'" in output, output
+
+
+def test_import_registers_backend_and_rendezvous():
+    code, output = run(["-c", "import torch.distributed as d, importlib; import hpccomm.torch; "
+                              "import hpccomm.torch; r = importlib.import_module("
+                              "'torch.distributed.rendezvous'); "
+                              "print('HPCCOMM' in d.Backend._plugins, "
+                              "'mpi' in r._rendezvous_handlers, d.Backend.HPCCOMM)"])
+    assert code == 0, output
+    assert output.strip().endswith("True True hpccomm"), output
+
+
+# -- starting ------------------------------------------------------------------------------------
+def test_env_init_with_renumbered_ranks():
+    code, output = run([CASE, "env_init"], n=2, MASTER_PORT=free_port())
+    assert code == 0, output
+    found = results(output)
+    assert sorted(rank for rank, _ in found) == [0, 1], output
+    assert sorted(fields["mpi_rank"] for _, fields in found) == ["0", "1"], output
+
+
+def test_reinit_after_destroy():
+    code, output = run([CASE, "reinit"], n=2)
+    assert code == 0, output
+    assert len(results(output)) == 2, output
+
+
+def test_mixed_cpu_hpccomm_cuda_nccl():
+    code, output = run([CASE, "mixed_backend"], n=2)
+    assert code == 0, output
+    assert len(results(output)) == 2, output
+
+
+def test_world_that_is_not_the_mpi_job_is_refused():
+    code, output = run([CASE, "wrong_world_size"])
+    found = results(output)
+    assert found, output
+    error = found[0][1]["error"]
+    assert "torch's world has 2 processes but MPI's has 1" in error, output
+    assert "mpiexec" in error
+
+
+def test_below_thread_multiple_warns_and_still_completes_futures():
+    code, output = run([CASE, "thread_serialized"], n=2, MASTER_PORT=free_port())
+    assert code == 0, output
+    found = results(output)
+    assert len(found) == 2 and all(f["warned"] == "True" for _, f in found), output
+
+
+# -- failing ----------------------------------------------------------------------------------
+def test_every_kind_of_wait_times_out_naming_the_operation():
+    code, output = run([CASE, "timeouts"], n=2)
+    assert code == 0, output
+    found = {fields["case"]: fields for rank, fields in results(output)}
+    assert set(found) == {"sync_all_reduce", "future_wait", "work_wait_timeout",
+                          "barrier_opts_timeout", "monitored"}, output
+    for case, fields in found.items():
+        assert "error" in fields, f"{case} did not fail: {output}"
+        assert float(fields["elapsed"]) < 4.0, fields  # the 1 s / 0.5 s limits, not 60 s
+        assert fields["backend_error"] == "True", fields  # torch's DistBackendError too
+    assert found["sync_all_reduce"]["type"] == "DistTimeoutError"
+    assert re.search(r"all_reduce .* on rank 0/2 of group '\d+' .*timed out",
+                     found["sync_all_reduce"]["error"]), found["sync_all_reduce"]
+    assert "all_reduce" in found["future_wait"]["error"]
+    assert "recv" in found["work_wait_timeout"]["error"]
+    assert "barrier" in found["barrier_opts_timeout"]["error"]
+    assert "Rank 1 failed to pass monitoredBarrier" in found["monitored"]["error"]
+
+
+# -- the example -------------------------------------------------------------------------------
+EXAMPLE = os.path.join(ROOT, "examples", "torch_ddp.py")
+
+
+@pytest.mark.parametrize("launcher,n", [("mpiexec", 2), ("hpccomm run", 4)])
+def test_ddp_example(launcher, n):
+    if launcher == "mpiexec":
+        code, output = run([EXAMPLE], n=n, limit=180)
+    else:
+        code, output = run(["-m", "hpccomm", "run", "-n", str(n), EXAMPLE], limit=180)
+    assert code == 0, output
+    assert f"DDP training on {n} ranks matches single-process training" in output, output
+
+
+def test_ddp_job_script_is_valid_bash():
+    script = os.path.join(ROOT, "jobscripts", "torch_ddp.sbatch")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    with open(script) as f:
+        text = f.read()
+    assert "examples/torch_ddp.py" in text and "hpccomm._rank_env" in text
+
+
+# -- under Slurm ---------------------------------------------------------------------------------
+from test_slurm import _wait_job, slurm  # noqa: E402,F401  (a real single-node Slurm)
+
+
+def test_ddp_job_script_under_slurm(slurm, tmp_path):  # noqa: F811
+    """jobscripts/torch_ddp.sbatch: srun --mpi=pmi2 starts the DDP example on 2 ranks."""
+    out = tmp_path / "torch_ddp.out"
+    env = dict(slurm.env, HPCCOMM_PYTHON=sys.executable, HPCCOMM_CPU_BIND="none",
+               OMP_NUM_THREADS="1")
+    submitted = slurm.run(["sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1",
+                           "--time=3", f"--output={out}", f"--chdir={ROOT}",
+                           os.path.join(ROOT, "jobscripts", "torch_ddp.sbatch")], env=env)
+    job_id = submitted.stdout.strip().split(";")[0]
+    assert job_id.isdigit(), submitted
+    state = _wait_job(slurm, job_id, timeout=240)
+    text = out.read_text(errors="replace") if out.exists() else "(no output file)"
+    assert state == "COMPLETED", f"job {job_id} ended {state}:\n{text}\n{slurm.logs()}"
+    assert "DDP training on 2 ranks matches single-process training" in text, text
