@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import debug as _debug
-from . import desync as _desync
+from .diagnostics import debug as _debug
+from .diagnostics import desync as _desync
 from ._arrays import _FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistBackendError, DistError
 from .group import ProcessGroup

@@ -120,7 +120,7 @@ def _user_traceback(exc: BaseException):
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Set the variables, install the abort hook, run the target; errors go to the hook."""
-    from . import excepthook
+    from .diagnostics import excepthook
 
     os.environ.update(torchrun_env(os.environ))
     excepthook.install()

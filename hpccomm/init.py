@@ -21,7 +21,7 @@ import sys
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import debug
+from .diagnostics import debug
 from .errors import DistValueError
 from .group import ProcessGroup, _backend_map, _mpi, destroy, registry, resolve
 from .types import Backend, DebugLevel, default_pg_timeout, timeout_seconds
@@ -223,12 +223,12 @@ _THREAD_LEVELS = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
 
 def _never_hang(mpi_size: int) -> None:
     """Flight recorder and timeout hooks; abort the job on an uncaught exception."""
-    from . import flight_recorder
+    from .diagnostics import flight_recorder
 
     flight_recorder.configure()
     if mpi_size > 1:
         try:
-            from . import excepthook
+            from .diagnostics import excepthook
         except ImportError:
             return
         excepthook.install()
@@ -252,14 +252,14 @@ def _share_cores(mpi: Any, world_comm: Any) -> str:
 
 
 def _recorder_state() -> str:
-    from . import flight_recorder
+    from .diagnostics import flight_recorder
 
     size = flight_recorder.size()
     return f"last {size} ops" if size else "off"
 
 
 def _abort_state(mpi_size: int) -> str:
-    hook = sys.modules.get("hpccomm.excepthook")
+    hook = sys.modules.get("hpccomm.diagnostics.excepthook")
     if hook is None or mpi_size == 1:
         return "no (world of one)" if mpi_size == 1 else "no"
     return "yes" if hook.installed() else f"no ({hook.OPT_OUT_ENV} is set)"

@@ -19,9 +19,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from . import p2p
+from .. import p2p
 from .desync import _OPS
-from .work import as_work
+from ..work import as_work
 
 #: Reserved tag of roll-call messages (``p2p.INTERNAL_TAG`` + 16).
 TAG = p2p.INTERNAL_TAG + 16

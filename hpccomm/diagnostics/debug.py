@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 
-from .types import DebugLevel
+from ..types import DebugLevel
 
 logger = logging.getLogger("hpccomm")
 

@@ -23,10 +23,11 @@ import platform
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from . import _call, debug, rollcall
-from .group import registry
-from .types import DebugLevel
-from .work import Work, timeout_hooks
+from .. import _call
+from . import debug, rollcall
+from ..group import registry
+from ..types import DebugLevel
+from ..work import Work, timeout_hooks
 
 ENV_SIZE = "HPCCOMM_TRACE_BUFFER"
 ENV_DIR = "HPCCOMM_TRACE_DIR"

@@ -18,9 +18,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .errors import DistDesyncError
-from .types import RedOpType
-from .work import as_work
+from ..errors import DistDesyncError
+from ..types import RedOpType
+from ..work import as_work
 
 logger = logging.getLogger("hpccomm")
 FIELDS = ("op", "dtype", "count", "shape", "root", "reduce op")
