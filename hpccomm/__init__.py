@@ -4,6 +4,8 @@
 CuPy (CUDA) arrays. Importing is light: MPI starts in ``init_process_group``.
 This module only re-exports.
 """
+import sys as _sys
+
 from ._version import __version__
 from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all,
                           all_to_all_single, barrier, broadcast, gather, reduce,
@@ -27,6 +29,11 @@ from .work import Future, Work
 from .diagnostics import (breakpoint, excepthook, flight_recorder, get_debug_level,
                           monitored_barrier, set_debug_level, set_debug_level_from_env)
 from .stores import (FileStore, HashStore, PrefixStore, QueueEmptyError, Store, TCPStore)
+
+# The documented module paths ``hpccomm.excepthook`` and ``hpccomm.flight_recorder``, also
+# for ``import hpccomm.excepthook``: the modules of the diagnostics package themselves.
+_sys.modules[__name__ + ".excepthook"] = excepthook
+_sys.modules[__name__ + ".flight_recorder"] = flight_recorder
 
 
 def __getattr__(name: str):
