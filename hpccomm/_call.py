@@ -209,8 +209,9 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
     registered they cost one module-attribute test.
     """
     observed = _observe.active
-    if observed:
+    if observed:  # the checks due before the start; then: does each operation need a Work?
         _observe.before_start(pg, op, args, arr, peer, timeout)
+        observed = _observe.tracks_work
     try:
         started = start(*args)
     except DistError:

@@ -26,6 +26,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 #: Whether any observer wants per-operation events (``before_start``, ``on_start``,
 #: ``on_complete``): the one flag the dispatch path reads on every call.
 active: bool = False
+#: Whether one wants ``on_start``/``on_complete``, for which every operation needs a
+#: ``Work`` (the DETAIL check alone leaves synchronous calls on their lighter path).
+tracks_work: bool = False
 
 _PER_OPERATION = ("before_start", "on_start", "on_complete")
 _EVENTS = _PER_OPERATION + ("on_timeout", "on_failure", "on_initialized")
@@ -88,12 +91,13 @@ def registered() -> Tuple[Observer, ...]:
 
 def _rebuild() -> None:
     """Per event, the bound methods of the observers that override it."""
-    global active
+    global active, tracks_work
     for event in _EVENTS:
         default = getattr(Observer, event)
         _handlers[event] = tuple(getattr(o, event) for o in _observers
                                  if getattr(type(o), event) is not default)
     active = any(_handlers[event] for event in _PER_OPERATION)
+    tracks_work = bool(_handlers["on_start"] or _handlers["on_complete"])
 
 
 def before_start(pg: Any, op: str, args: tuple, arr: Any, peer: Optional[int],
