@@ -53,8 +53,8 @@ def _a2a_count(arr: Any, args: tuple) -> int:
     return arr.size if args[2] is None else 0
 
 
-# op name -> (count function, shape must match, index of the reduce kind in args);
-# operations not listed (point-to-point) are not checked
+# (count function, shape must match, index of the reduce kind in args) of the
+# collectives whose ranks must agree on more than the operation and the root
 _FIELDS_OF: Dict[str, tuple] = {
     "broadcast": (_count, True, None),
     "all_reduce": (_count, True, 1),
@@ -65,7 +65,8 @@ _FIELDS_OF: Dict[str, tuple] = {
     "reduce_scatter_tensor": (_in_count, True, 2),
     "all_to_all_single": (_a2a_count, False, None),
 }
-_NOTHING_MORE = (_no_count, False, None)  # the others: operation and root only
+_NOTHING_MORE = (_no_count, False, None)
+# every collective of ops.CODES -> (code, *fields); point-to-point is not checked
 _OPS: Dict[str, tuple] = {op: (code, *_FIELDS_OF.get(op, _NOTHING_MORE))
                           for op, code in CODES.items()}
 _DTYPE_CODES: Dict[Any, int] = {}
