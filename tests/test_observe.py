@@ -1,5 +1,6 @@
 """Observers of operations (hpccomm.observe): the events the dispatch path reports, and
 which diagnostics are registered at each debug level."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -33,6 +34,18 @@ class Diary(observe.Observer):
 
     def on_failure(self, work, error):
         self.events.append(("failure", work.op, type(error).__name__))
+
+
+@contextlib.contextmanager
+def watching(*observers):
+    """The observers registered for the ``with`` block."""
+    for o in observers:
+        observe.register(o)
+    try:
+        yield
+    finally:
+        for o in observers:
+            observe.unregister(o)
 
 
 def test_registering_switches_the_dispatch_flags():
@@ -98,15 +111,12 @@ def test_observers_see_each_operation_start_and_complete(dist):
     pg = hpccomm.group.WORLD
     x = np.ones(4)
     diary = Diary()
-    observe.register(diary)
-    try:
+    with watching(diary):
         seq = pg.seq
         dist.all_reduce(x)
         work = dist.broadcast(x, src=0, async_op=True)
         assert diary.events[-1] == ("start", "broadcast", seq + 2)  # not complete yet
         work.wait()
-    finally:
-        observe.unregister(diary)
     assert diary.events == [("before_start", "all_reduce", seq),
                             ("start", "all_reduce", seq + 1),
                             ("complete", "all_reduce", seq + 1),
@@ -124,15 +134,11 @@ def test_a_check_before_the_start_stops_the_operation(dist):
 
     pg = hpccomm.group.WORLD
     x = np.ones(3)
-    refuse = Refuse()
-    observe.register(refuse)
-    try:
+    with watching(Refuse()):
         seq = pg.seq
         with pytest.raises(hpccomm.DistError, match="refused all_reduce"):
             dist.all_reduce(x)
         assert pg.seq == seq and x.tolist() == [1.0] * 3  # never started
-    finally:
-        observe.unregister(refuse)
     dist.all_reduce(x)
     assert x.tolist() == [dist.get_world_size()] * 3
 
@@ -152,22 +158,21 @@ def test_observers_hear_of_timeouts_and_failures(dist, rank):
     x = np.zeros(2)
     diary, broken = Diary(note="Diary was here."), Broken()
     alone, _ = dist.new_subgroups(group_size=1)  # no roll call traffic between ranks
-    observe.register(broken)
-    observe.register(diary)
-    try:
-        with pytest.raises(hpccomm.DistTimeoutError, match="Diary was here.") as info:
-            _call.launch(alone, "broadcast", lambda: (lambda: False, None, None), (), x,
-                         False, peer=rank, timeout=0.05)
-        assert "timed out" in str(info.value)  # a failing observer hides nothing
 
-        def broken_test():
-            raise OSError("link down")
-        pg = resolve(None, "test")
-        with pytest.raises(hpccomm.DistBackendError, match="link down"):
-            _call.launch(pg, "all_reduce", lambda: (broken_test, None, None), (), x, False)
+    def broken_test():
+        raise OSError("link down")
+
+    try:
+        with watching(broken, diary):
+            with pytest.raises(hpccomm.DistTimeoutError, match="Diary was here.") as info:
+                _call.launch(alone, "broadcast", lambda: (lambda: False, None, None), (), x,
+                             False, peer=rank, timeout=0.05)
+            assert "timed out" in str(info.value)  # a failing observer hides nothing
+            pg = resolve(None, "test")
+            with pytest.raises(hpccomm.DistBackendError, match="link down"):
+                _call.launch(pg, "all_reduce", lambda: (broken_test, None, None), (), x,
+                             False)
     finally:
-        observe.unregister(diary)
-        observe.unregister(broken)
         dist.destroy_process_group(alone)
     assert ("timeout", "broadcast", alone.seq) in diary.events
     assert diary.events[-1] == ("failure", "all_reduce", "DistBackendError")
