@@ -108,11 +108,13 @@ def before_start(pg: Any, op: str, args: tuple, arr: Any, peer: Optional[int],
 
 
 def started(work: Any) -> None:
+    """Report that ``work``'s operation started."""
     for handler in _handlers["on_start"]:
         handler(work)
 
 
 def completed(work: Any) -> None:
+    """Report that ``work``'s operation completed."""
     for handler in _handlers["on_complete"]:
         handler(work)
 
@@ -141,5 +143,7 @@ def failed(work: Any, error: BaseException) -> None:
 
 
 def initialized(world: Any, facts: Dict[str, str]) -> None:
+    """Report the default group and the facts of the start-up (errors propagate: a
+    diagnostic that cannot start, such as a bad ``HPCCOMM_TRACE_BUFFER``, is reported)."""
     for handler in _handlers["on_initialized"]:
         handler(world, facts)
