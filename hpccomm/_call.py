@@ -223,8 +223,7 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
     if async_op or observed or type(started) is not tuple:
         work = _work(started, pg, op, seq, arr, peer, timeout, result, after, keep)
         if observed:
-            _observe.started(work)
-            work._finish = chain(work._finish, lambda: _observe.completed(work))
+            _watch(work)
         if async_op:
             return work
         work.wait()
@@ -247,6 +246,16 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
         work = _work(started, pg, op, seq, arr, peer, timeout, result, after, keep)
         work._fail(exc)
         raise work._error from exc  # type: ignore[misc]
+
+
+def _watch(work: Work) -> None:
+    """Report ``work``'s start to the observers now, and its completion when it completes.
+
+    A function of its own: a closure over ``work`` inside :func:`launch` would make
+    ``work`` a cell there, which costs every call, observed or not.
+    """
+    _observe.started(work)
+    work._finish = chain(work._finish, lambda: _observe.completed(work))
 
 
 def _work(started: Any, pg: ProcessGroup, op: str, seq: int, arr: Any, peer: Optional[int],
