@@ -5,8 +5,9 @@
 are interleaved round by round, in a rotating order, so that a busy machine slows them
 alike:
 
-* ``before``: ``_call.launch`` without the ``if _debug.detail:`` test these features
-  added (the only hot-path change; ``Work.wait`` changed only on its timeout path),
+* ``before``: ``_call.launch`` without its one test for observers
+  (``observed = _observe.active``; the only hot-path cost of these features:
+  ``Work.wait`` reports to observers only on its timeout and failure paths),
   compiled from the current source into the live module;
 * ``OFF``: the current code at debug level OFF, flight recorder off (the default);
 * ``recorder``: OFF with a 2000-entry flight recorder;
@@ -31,10 +32,11 @@ SIZES = {"8 B": 1, "1 MiB": 131072}  # float64 elements
 
 
 def old_launch():
-    """``_call.launch`` without the DETAIL test, compiled into the live ``_call`` module.
+    """``_call.launch`` without observers, compiled into the live ``_call`` module.
 
-    Built from the current source (so other engineers' hot-path work is in both
-    variants): the ``if _debug.detail:`` statement these features added is removed.
+    Built from the current source (so other hot-path work is in both variants):
+    ``observed = _observe.active`` becomes ``observed = False`` and the
+    ``if observed:`` statement that runs the checks before the start is removed.
     """
     import ast
     import inspect
@@ -43,9 +45,14 @@ def old_launch():
 
     tree = ast.parse(inspect.getsource(_call))
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "launch")
-    kept = [stmt for stmt in node.body if not (
-        isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "_debug.detail")]
-    assert len(kept) == len(node.body) - 1, "the DETAIL test was not found in launch"
+    kept = []
+    for stmt in node.body:
+        if isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "observed":
+            continue
+        if ast.unparse(stmt) == "observed = _observe.active":
+            stmt = ast.parse("observed = False").body[0]
+        kept.append(stmt)
+    assert len(kept) == len(node.body) - 1, "the observer test was not found in launch"
     node.body, node.name = kept, "_launch_before"
     exec(compile(ast.Module([node], []), "launch-before", "exec"), _call.__dict__)
     return _call._launch_before

@@ -4,11 +4,12 @@
 CuPy (CUDA) arrays. Importing is light: MPI starts in ``init_process_group``.
 This module only re-exports.
 """
+import sys as _sys
+
 from ._version import __version__
 from .collectives import (all_gather, all_gather_into_tensor, all_gather_single, all_reduce,
                           all_to_all, all_to_all_single, barrier, broadcast, gather, reduce,
                           reduce_scatter, reduce_scatter_single, reduce_scatter_tensor, scatter)
-from .debug import get_debug_level, set_debug_level, set_debug_level_from_env
 from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import (DistBackendError, DistDesyncError, DistError, DistNetworkError,
                      DistStoreError, DistTimeoutError, DistValueError)
@@ -25,10 +26,14 @@ from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .types import (Backend, DebugLevel, ReduceOp, RedOpType, _make_nccl_premul_sum,
                     default_pg_timeout, reduce_op)
 from .work import Future, Work
-from . import flight_recorder
-from .debugger import breakpoint
-from .monitored_barrier import monitored_barrier
+from .diagnostics import (breakpoint, excepthook, flight_recorder, get_debug_level,
+                          monitored_barrier, set_debug_level, set_debug_level_from_env)
 from .stores import (FileStore, HashStore, PrefixStore, QueueEmptyError, Store, TCPStore)
+
+# The documented module paths ``hpccomm.excepthook`` and ``hpccomm.flight_recorder``, also
+# for ``import hpccomm.excepthook``: the modules of the diagnostics package themselves.
+_sys.modules[__name__ + ".excepthook"] = excepthook
+_sys.modules[__name__ + ".flight_recorder"] = flight_recorder
 
 
 def __getattr__(name: str):

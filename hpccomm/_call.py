@@ -5,31 +5,24 @@ checks: :func:`array` turns an argument into a contiguous array on a backend of 
 group, :func:`root` resolves ``src``/``dst``/``group_src``/``group_dst``,
 :func:`reduction` validates an op for a dtype, and :func:`launch` starts the backend
 operation and waits for it under the deadline, or hands back a ``Work`` (stamped with
-what it is, for errors and the flight recorder) for ``async_op``.
+what it is, for errors and observers) for ``async_op``.
 """
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import debug as _debug
-from . import desync as _desync
+from . import observe as _observe
 from ._arrays import _FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistBackendError, DistError
 from .group import ProcessGroup
-from .types import DebugLevel, RedOpType, split_op
+from .types import RedOpType, split_op
 from .work import Work, chain, poll
 
 ndarray = np.ndarray
-_monotonic = time.monotonic
-_DETAIL = DebugLevel.DETAIL
 _VALIDATED: dict = {}  # (plain op, dtype) -> (kind, None), once validated
-
-#: Called as ``recorder(work)`` for every started operation when set (flight recorder).
-recorder: Optional[Callable[[Work], None]] = None
 
 
 def array(pg: ProcessGroup, op: str, x: Any, what: str = "tensor",
@@ -209,13 +202,16 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
     ``after`` runs once the backend's own finishing step is done (copy results out of a
     staging buffer); ``keep`` stays alive until completion (the staging buffers).
     A synchronous call polls the backend's ``test`` under the deadline and builds no
-    :class:`Work` (a Work is made only to describe an error, or for the flight recorder);
-    it returns what the finishing step returned: a receive's source (group rank), else
-    ``None``. At debug level DETAIL a collective first checks that every rank calls the
-    same one (:mod:`.desync`); at OFF that costs one module-attribute test.
+    :class:`Work` (a Work is made only to describe an error, or for observers); it
+    returns what the finishing step returned: a receive's source (group rank), else
+    ``None``. Observers of operations (:mod:`.observe`: the DETAIL checks, the flight
+    recorder) run before the start, at the start and at completion; with none
+    registered they cost one module-attribute test.
     """
-    if _debug.detail:
-        _desync.check(pg, op, args, arr, peer, timeout)
+    observed = _observe.active
+    if observed:  # the checks due before the start; then: does each operation need a Work?
+        _observe.before_start(pg, op, args, arr, peer, timeout)
+        observed = _observe.tracks_work
     try:
         started = start(*args)
     except DistError:
@@ -224,8 +220,10 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
         raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
                                f"'{pg.group_name}' failed to start: {exc}") from exc
     seq = pg.seq = pg.seq + 1
-    if async_op or recorder is not None or type(started) is not tuple:
+    if async_op or observed or type(started) is not tuple:
         work = _work(started, pg, op, seq, arr, peer, timeout, result, after, keep)
+        if observed:
+            _watch(work)
         if async_op:
             pg.track(work)  # kept until finished; barrier() waits for collectives
             return work
@@ -251,10 +249,20 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
         raise work._error from exc  # type: ignore[misc]
 
 
+def _watch(work: Work) -> None:
+    """Report ``work``'s start to the observers now, and its completion when it completes.
+
+    A function of its own: a closure over ``work`` inside :func:`launch` would make
+    ``work`` a cell there, which costs every call, observed or not.
+    """
+    _observe.started(work)
+    work._finish = chain(work._finish, lambda: _observe.completed(work))
+
+
 def _work(started: Any, pg: ProcessGroup, op: str, seq: int, arr: Any, peer: Optional[int],
           timeout: Optional[float], result: Sequence[Any], after: Optional[Callable[[], Any]],
           keep: Any) -> Work:
-    """The Work of a started operation, stamped with what it is (errors, recorder)."""
+    """The Work of a started operation, stamped with what it is (errors, observers)."""
     if type(started) is tuple:
         test, finish, held = started
         work = Work(test, chain(finish, after), held if keep is None else (held, keep))
@@ -273,11 +281,4 @@ def _work(started: Any, pg: ProcessGroup, op: str, seq: int, arr: Any, peer: Opt
     work.timeout = pg.timeout if timeout is None else timeout
     if result:
         work._result = result
-    if recorder is not None:
-        work.t_start = _monotonic()
-        recorder(work)
     return work
-
-
-def detail_checks_on() -> bool:
-    return _debug.level >= _DETAIL

@@ -71,8 +71,9 @@ def make_case(op: str, nbytes: int, comm: Any, td: Any = None
 
     Every variant works on the same NumPy buffers; gloo on ``torch.from_numpy`` views.
     """
-    import hpccomm as dist
     from mpi4py import MPI
+
+    from . import collectives, p2p
 
     n, rank = comm.size, comm.rank
     in_place = MPI.IN_PLACE
@@ -84,8 +85,8 @@ def make_case(op: str, nbytes: int, comm: Any, td: Any = None
     if op == "all_reduce":
         a = np.zeros(count, np.float32)
         t = view(a)
-        fns["hpccomm"] = lambda: dist.all_reduce(a)
-        fns["hpccomm_async"] = lambda: dist.all_reduce(a, async_op=True).wait()
+        fns["hpccomm"] = lambda: collectives.all_reduce(a)
+        fns["hpccomm_async"] = lambda: collectives.all_reduce(a, async_op=True).wait()
         fns["mpi4py"] = lambda: comm.Allreduce(in_place, a)
         fns["mpi4py_nb"] = lambda: comm.Iallreduce(in_place, a).Wait()
         fns["gloo"] = lambda: td.all_reduce(t)
@@ -93,8 +94,8 @@ def make_case(op: str, nbytes: int, comm: Any, td: Any = None
     elif op == "broadcast":
         a = np.zeros(count, np.float32)
         t = view(a)
-        fns["hpccomm"] = lambda: dist.broadcast(a, 0)
-        fns["hpccomm_async"] = lambda: dist.broadcast(a, 0, async_op=True).wait()
+        fns["hpccomm"] = lambda: collectives.broadcast(a, 0)
+        fns["hpccomm_async"] = lambda: collectives.broadcast(a, 0, async_op=True).wait()
         fns["mpi4py"] = lambda: comm.Bcast(a, 0)
         fns["mpi4py_nb"] = lambda: comm.Ibcast(a, 0).Wait()
         fns["gloo"] = lambda: td.broadcast(t, 0)
@@ -103,16 +104,16 @@ def make_case(op: str, nbytes: int, comm: Any, td: Any = None
         big, small = np.zeros(count, np.float32), np.zeros(count // n, np.float32)
         if op == "all_gather_into_tensor":
             out, inp = big, small
-            hp, raw, rawnb = (dist.all_gather_into_tensor, comm.Allgather, comm.Iallgather)
+            hp, raw, rawnb = (collectives.all_gather_into_tensor, comm.Allgather, comm.Iallgather)
             mpi_args = (inp, out)
         elif op == "reduce_scatter_tensor":
             out, inp = small, big
-            hp, raw, rawnb = (dist.reduce_scatter_tensor, comm.Reduce_scatter_block,
+            hp, raw, rawnb = (collectives.reduce_scatter_tensor, comm.Reduce_scatter_block,
                               comm.Ireduce_scatter_block)
             mpi_args = (inp, out)
         else:
             out, inp = big, np.zeros(count, np.float32)
-            hp, raw, rawnb = dist.all_to_all_single, comm.Alltoall, comm.Ialltoall
+            hp, raw, rawnb = collectives.all_to_all_single, comm.Alltoall, comm.Ialltoall
             mpi_args = (inp, out)
         tout, tinp = view(out), view(inp)
         fns["hpccomm"] = lambda: hp(out, inp)
@@ -124,7 +125,7 @@ def make_case(op: str, nbytes: int, comm: Any, td: Any = None
     elif op == "send_recv":
         a = np.zeros(count, np.float32)
         t = view(a)
-        fns.update(_ping_pong(dist, comm, td, a, t, rank, n))
+        fns.update(_ping_pong(p2p, comm, td, a, t, rank, n))
         keep = (a, t)
     else:
         raise ValueError(f"unknown operation {op!r}; choose from {', '.join(OPS)}")
@@ -137,16 +138,16 @@ def _torch_view(a: np.ndarray) -> Any:
     return torch.from_numpy(a)
 
 
-def _ping_pong(dist: Any, comm: Any, td: Any, a: np.ndarray, t: Any, rank: int,
+def _ping_pong(p2p: Any, comm: Any, td: Any, a: np.ndarray, t: Any, rank: int,
                n: int) -> Dict[str, Callable[[], Any]]:
     """Send then receive (even ranks) or receive then send (odd), with rank ^ 1."""
     peer = rank ^ 1
     if peer >= n:  # an odd last rank idles
         return {v: (lambda: None) for v in VARIANTS}
     pairs = {
-        "hpccomm": (lambda: dist.send(a, peer), lambda: dist.recv(a, peer)),
-        "hpccomm_async": (lambda: dist.isend(a, peer).wait(),
-                          lambda: dist.irecv(a, peer).wait()),
+        "hpccomm": (lambda: p2p.send(a, peer), lambda: p2p.recv(a, peer)),
+        "hpccomm_async": (lambda: p2p.isend(a, peer).wait(),
+                          lambda: p2p.irecv(a, peer).wait()),
         "mpi4py": (lambda: comm.Send(a, peer), lambda: comm.Recv(a, peer)),
         "mpi4py_nb": (lambda: comm.Isend(a, peer).Wait(), lambda: comm.Irecv(a, peer).Wait()),
         "gloo": (lambda: td.send(t, peer), lambda: td.recv(t, peer)),
@@ -242,11 +243,12 @@ def run(ops: Sequence[str], sizes: Sequence[int], td: Any = None, budget: float 
     initialized ``torch.distributed`` (gloo) to compare with, or ``None``. ``report(row)``
     is called on every rank as each row is done.
     """
-    import hpccomm as dist
     from mpi4py import MPI
 
-    if not dist.is_initialized():
-        dist.init_process_group()
+    from .init import init_process_group, is_initialized
+
+    if not is_initialized():
+        init_process_group()
     comm = MPI.COMM_WORLD.Dup()
     gloo = td is not None
     variants = [v for v in VARIANTS if gloo or v != "gloo"]
@@ -336,7 +338,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error(str(exc))
     from mpi4py import MPI
 
-    import hpccomm as dist
+    from ._version import __version__
+    from .init import destroy_process_group, init_process_group
 
     rank = MPI.COMM_WORLD.rank
     if MPI.COMM_WORLD.size < 2:
@@ -350,14 +353,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if rank == 0:
         print(f"# {MPI.COMM_WORLD.size} ranks; "
               f"{' '.join(MPI.Get_library_version().split()[:3])}; hpccomm "
-              f"{dist.__version__}", flush=True)
+              f"{__version__}", flush=True)
         print(header(args.gloo), flush=True)
-    dist.init_process_group()
+    init_process_group()
     td = init_gloo(MPI.COMM_WORLD) if args.gloo else None
     run(ops, sizes, td=td, budget=args.budget, report=show)
     if td is not None:
         td.destroy_process_group()
-    dist.destroy_process_group()
+    destroy_process_group()
     return 0
 
 

@@ -43,7 +43,7 @@ def _guard(probe: Callable[[], Section]) -> Section:
 
 
 def hpccomm_section() -> Section:
-    from . import __version__
+    from ._version import __version__
 
     return {"version": __version__, "location": os.path.dirname(os.path.abspath(__file__))}
 

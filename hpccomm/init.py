@@ -18,14 +18,13 @@ import importlib.util
 import logging
 import os
 import platform
-import sys
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import debug
+from . import observe
 from .errors import DistValueError
 from .group import ProcessGroup, _backend_map, _mpi, destroy, is_non_member, registry, resolve
-from .types import Backend, DebugLevel, default_pg_timeout, timeout_seconds
+from .types import Backend, default_pg_timeout, timeout_seconds
 from .work import POLLS_SHARED, set_oversubscribed
 
 logger = logging.getLogger("hpccomm")
@@ -163,7 +162,9 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     ``backend``: ``None`` (``"cpu:mpi,cuda:nccl"``), ``"mpi"``, ``"nccl"``, ``"gloo"``
     (alias of mpi) or a per-device spec. ``timeout`` bounds every operation (default 30
     minutes). ``init_method``/``store`` choose the default store; rank and world size
-    always come from MPI and are only checked against what is stated.
+    always come from MPI and are only checked against what is stated. Observers of
+    initialization (:mod:`.observe`) run last: they get the default group and the facts
+    of the start-up (MPI library, thread level, backends, store, timeout, cores).
     """
     if registry.world is not None:
         raise DistValueError("init_process_group: the default process group is already "
@@ -191,8 +192,6 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if failing:
         raise DistValueError(f"init_process_group: rank(s) {failing} rejected the launch "
                              f"settings (see their errors); rank {mpi_rank} stops too")
-    if debug.level == DebugLevel.OFF:
-        debug.set_debug_level_from_env()
     backends = _backend_map(backend, "init_process_group")
     comm = mpi.dup(world_comm)
     pg = ProcessGroup(comm, name=group_name or "WORLD", world_ranks=range(mpi_size),
@@ -211,41 +210,24 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     except BaseException:
         destroy_process_group()
         raise
-    _never_hang(mpi_size)
     shared = _share_cores(mpi, world_comm)
-    if debug.level >= DebugLevel.INFO:
-        library = " ".join(mpi.library_version().split())
-        threads = _THREAD_LEVELS.get(mpi.thread_level(), mpi.thread_level())
-        logger.info("hpccomm: rank %d/%d initialized on %s; MPI library: %s; thread level "
-                    "%s; backends %s; store %s; timeout %.0f s; debug level %s; flight "
-                    "recorder %s; abort on uncaught exception: %s; cores: %s", mpi_rank,
-                    mpi_size, platform.node(), library, threads, pg.backend_string(),
-                    type(registry.store).__name__, seconds, debug.level.name,
-                    _recorder_state(), _abort_state(mpi_size), shared)
+    observe.initialized(pg, {
+        "host": platform.node(),
+        "MPI library": " ".join(mpi.library_version().split()),
+        "thread level": _THREAD_LEVELS.get(mpi.thread_level(), str(mpi.thread_level())),
+        "backends": pg.backend_string(), "store": type(registry.store).__name__,
+        "timeout": f"{seconds:.0f} s", "cores": shared})
 
 
 _THREAD_LEVELS = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
                   2: "MPI_THREAD_SERIALIZED", 3: "MPI_THREAD_MULTIPLE"}
 
 
-def _never_hang(mpi_size: int) -> None:
-    """Flight recorder and timeout hooks; abort the job on an uncaught exception."""
-    from . import flight_recorder
-
-    flight_recorder.configure()
-    if mpi_size > 1:
-        try:
-            from . import excepthook
-        except ImportError:
-            return
-        excepthook.install()
-
-
 def _share_cores(mpi: Any, world_comm: Any) -> str:
     """Set how waits poll: yield often when this node runs more ranks than it has CPUs.
 
     ``HPCCOMM_OVERSUBSCRIBED=1``/``0`` overrides the measurement. Returns a phrase for the
-    INFO log line.
+    start-up facts.
     """
     forced = os.environ.get(OVERSUBSCRIBED_ENV, "").strip()
     local, cpus = mpi.node_cores(world_comm)
@@ -256,20 +238,6 @@ def _share_cores(mpi: Any, world_comm: Any) -> str:
         how += f", {OVERSUBSCRIBED_ENV}={forced}"
     return ("oversubscribed: waits yield every "
             f"{POLLS_SHARED} polls ({how})" if shared else f"one core per rank ({how})")
-
-
-def _recorder_state() -> str:
-    from . import flight_recorder
-
-    size = flight_recorder.size()
-    return f"last {size} ops" if size else "off"
-
-
-def _abort_state(mpi_size: int) -> str:
-    hook = sys.modules.get("hpccomm.excepthook")
-    if hook is None or mpi_size == 1:
-        return "no (world of one)" if mpi_size == 1 else "no"
-    return "yes" if hook.installed() else f"no ({hook.OPT_OUT_ENV} is set)"
 
 
 def get_default_store() -> Any:

@@ -12,8 +12,8 @@ machines, against ~2 us for a small all-reduce. Every few polls it checks the de
 and yields the core (``sched_yield``, not a sleep): rarely when each rank has a core of
 its own, often when ranks outnumber cores, so that the rank being waited for runs (see
 :func:`set_oversubscribed`). When the deadline passes, the error names the operation, its
-sequence number, the group, the ranks, sizes and dtype, and how long it waited; then the
-registered timeout hooks (roll call, flight recorder) run.
+sequence number, the group, the ranks, sizes and dtype, and how long it waited, with
+what the observers of timeouts add (:mod:`.observe`: the roll call names absent ranks).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import os
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from . import observe as _observe
 from .errors import DistBackendError, DistError, DistTimeoutError
 from .types import timeout_seconds
 
@@ -31,10 +32,6 @@ _INF = float("inf")
 
 #: What a host-side backend returns: the arguments of :class:`Work`.
 Started = Tuple[Callable[[], bool], Optional[Callable[[], Any]], Any]
-
-#: Called as ``hook(work, waited_seconds)`` when a wait times out (roll call, flight
-#: recorder); a hook may return a sentence that is added to the error message.
-timeout_hooks: List[Callable[["Work", float], None]] = []
 
 _PENDING, _DONE, _FAILED = 0, 1, 2
 
@@ -104,15 +101,13 @@ class Work:
     """A started operation: ``wait()``, ``is_completed()``, ``get_future()``.
 
     The public layer fills in what the operation was (group, op name, sequence number,
-    shape and dtype) for error messages and the flight recorder; backends never see it.
+    shape and dtype) for error messages and observers; backends never see it. Observers
+    that time operations (the flight recorder) set ``t_start`` and ``t_end``.
     """
 
     __slots__ = ("_test", "_finish", "_keep", "_state", "_error", "_result", "_value",
                  "_future", "group", "op", "seq", "arr", "peer", "timeout",
                  "t_start", "t_end")
-
-    #: Whether completion records ``t_end`` (turned on by the flight recorder).
-    timed = False
 
     def __init__(self, test: Optional[Callable[[], bool]] = None,
                  finish: Optional[Callable[[], Any]] = None, keep: Any = None):
@@ -144,10 +139,8 @@ class Work:
 
     # -- completion -------------------------------------------------------------
     def _complete(self) -> None:
-        """Run the finishing step once, record the end time, settle the future."""
+        """Run the finishing step once, settle the future."""
         self._state = _DONE
-        if Work.timed:
-            self.t_end = _monotonic()
         finish, self._finish = self._finish, None
         try:
             if finish is not None:
@@ -161,13 +154,13 @@ class Work:
 
     def _fail(self, exc: BaseException) -> None:
         self._state = _FAILED
-        self.t_end = _monotonic()
         if not isinstance(exc, DistError):
             wrapped = DistBackendError(f"{self.describe()} failed: {exc}")
             wrapped.__cause__ = exc
             exc = wrapped
         self._error = exc
         self._keep = None
+        _observe.failed(self, exc)
         if self._future is not None:
             self._future._settle(None, exc)
 
@@ -207,14 +200,7 @@ class Work:
 
     def _timed_out(self, waited: float, limit: Optional[float]) -> None:
         self._state = _FAILED
-        notes = []
-        for hook in list(timeout_hooks):  # roll call (names absent ranks), flight recorder
-            try:
-                note = hook(self, waited)
-            except Exception:  # a failing hook must not hide the timeout
-                note = None
-            if note:
-                notes.append(note)
+        notes = _observe.timed_out(self, waited)  # the roll call names absent ranks
         found = " ".join(notes) if notes else "Some rank of the group did not join it."
         error = DistTimeoutError(
             f"{self.describe()} timed out: waited {waited:.3f} s (timeout {limit} s). "

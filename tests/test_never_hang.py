@@ -247,7 +247,7 @@ def test_flight_recorder_keeps_the_last_n_operations(dist, tmp_path):
 
 
 def test_trace_tool_on_handmade_dumps(tmp_path):
-    from hpccomm import trace
+    from hpccomm.diagnostics import trace
 
     def entry(seq, state):
         return {"seq": seq, "op": "all_reduce", "state": state, "group": "WORLD",
@@ -268,7 +268,7 @@ def test_trace_tool_on_handmade_dumps(tmp_path):
 
 # -- debug levels and logging ------------------------------------------------------------------
 def test_log_level_matrix():
-    from hpccomm.debug import TRACE, effective_log_level
+    from hpccomm.diagnostics.debug import TRACE, effective_log_level
     from hpccomm.types import DebugLevel as D
 
     assert effective_log_level("ERROR", D.DETAIL) == logging.ERROR

@@ -27,8 +27,9 @@ from typing import Any, Callable, Deque, List, Optional, Tuple
 
 import numpy as np
 
+from .. import observe
 from ..errors import DistError
-from ..work import Work, timeout_hooks
+from ..work import Work
 
 _cupy: Any = None
 
@@ -258,14 +259,9 @@ class Watchdog:
 
 
 def run_timeout_hooks(work: Optional[Work], waited: float) -> None:
-    """Give the flight recorder its say about a GPU timeout (errors ignored)."""
-    if work is None:
-        return
-    for hook in list(timeout_hooks):
-        try:
-            hook(work, waited)
-        except Exception:
-            pass
+    """Tell the observers of timeouts (flight recorder) about a GPU timeout."""
+    if work is not None:
+        observe.timed_out(work, waited)  # errors of observers are skipped there
 
 
 # -- bfloat16 bit conversions (no bfloat16 kernels needed; work on NumPy and CuPy) -------------

@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import broadcast_object_list
 from ..group import GroupLike, resolve
+from ..objects import broadcast_object_list
 from . import layout
 from .layout import CheckpointError, Entry
 from .state import Shard, agree, array_of

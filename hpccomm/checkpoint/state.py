@@ -86,7 +86,7 @@ def agree(pg: Any, state: Dict[str, Any], what: str) -> Tuple[List[Tuple[str, Le
     The ranks exchange their entries' specs (one ``all_gather_object``) and derive the same
     global shapes and slice lengths; any rank's bad state raises on every rank.
     """
-    from .. import all_gather_object
+    from ..objects import all_gather_object
 
     leaves: List[Tuple[str, Leaf]] = []
     try:

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .. import all_gather_object, all_reduce
+from ..collectives import all_reduce
+from ..objects import all_gather_object
 from ..types import ReduceOp
 from .layout import CheckpointError
 from .progress import Progress

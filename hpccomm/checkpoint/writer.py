@@ -20,8 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import broadcast_object_list, get_world_size
-from ..group import GroupLike, resolve
+from ..group import GroupLike, get_world_size, resolve
+from ..objects import broadcast_object_list
 from . import layout
 from .layout import CheckpointError, Entry
 from .progress import Progress

@@ -9,7 +9,8 @@ with us; ranks that report another one are elsewhere; ranks that never report ar
 inside an hpccomm collective of this group at all: they are the ones named. The result
 is a sentence for the timeout error and :data:`last` for the flight recorder. Groups
 larger than :data:`MAX_RANKS` skip it (the message count grows as the square of the
-size); ``HPCCOMM_ROLLCALL_GRACE=0`` turns it off.
+size); ``HPCCOMM_ROLLCALL_GRACE=0`` turns it off. It is an observer of timeouts,
+registered by :func:`install` (``init_process_group`` does it) before all others.
 """
 from __future__ import annotations
 
@@ -19,19 +20,19 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from . import p2p
-from .desync import _OPS
-from .work import as_work
+from .. import observe
+from ..types import INTERNAL_TAG
+from ..work import as_work
+from .ops import CODES, NAMES
 
-#: Reserved tag of roll-call messages (``p2p.INTERNAL_TAG`` + 16).
-TAG = p2p.INTERNAL_TAG + 16
+#: Reserved tag of roll-call messages (``INTERNAL_TAG`` + 16).
+TAG = INTERNAL_TAG + 16
 #: How long a timed-out rank listens for the others' reports.
 GRACE_S = float(os.environ.get("HPCCOMM_ROLLCALL_GRACE", "1.0"))
 #: Largest group that runs a roll call: every stuck rank messages every other rank, so
 #: the message count grows as the square of the group size.
 MAX_RANKS = int(os.environ.get("HPCCOMM_ROLLCALL_MAX_RANKS", "256"))
 _DESYNC_OFFSET = 100
-_NAMES = {code: name for name, (code, *_rest) in _OPS.items()}
 
 #: The latest roll call's result (for the flight recorder dump), or ``None``.
 last: Optional[Dict[str, Any]] = None
@@ -39,16 +40,15 @@ last: Optional[Dict[str, Any]] = None
 
 def _code(op: str) -> int:
     if op.startswith("desync "):
-        base = _OPS.get(op.rsplit(" ", 1)[-1])
-        return _DESYNC_OFFSET + base[0] if base else -1
-    spec = _OPS.get(op)
-    return spec[0] if spec else -1
+        base = CODES.get(op.rsplit(" ", 1)[-1])
+        return _DESYNC_OFFSET + base if base else -1
+    return CODES.get(op, -1)
 
 
 def _name(code: int) -> str:
     if code > _DESYNC_OFFSET:
-        return f"desync check before {_NAMES.get(code - _DESYNC_OFFSET, '?')}"
-    return _NAMES.get(code, "an unknown operation")
+        return f"desync check before {NAMES.get(code - _DESYNC_OFFSET, '?')}"
+    return NAMES.get(code, "an unknown operation")
 
 
 def _short(ranks: List[int]) -> str:
@@ -115,3 +115,19 @@ def sentence(result: Dict[str, Any]) -> str:
     if result["stuck_with_me"]:
         parts.append(f"Also stuck here: global ranks {_short(result['stuck_with_me'])}.")
     return " ".join(parts)
+
+
+class RollCall(observe.Observer):
+    """The observer that runs the roll call when a collective times out."""
+
+    def on_timeout(self, work: Any, waited: float) -> Optional[str]:
+        return hook(work, waited)
+
+
+_observer = RollCall()
+
+
+def install() -> None:
+    """Run the roll call on every collective timeout from now on, before other observers
+    of timeouts (the flight recorder's dump reads :data:`last`)."""
+    observe.register(_observer, first=True)

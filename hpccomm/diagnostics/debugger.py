@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Dict, Tuple
 
-from .group import registry, resolve
+from ..group import registry, resolve
 from .monitored_barrier import monitored_barrier
 
 _seen: Dict[Tuple[str, int], int] = {}

@@ -8,7 +8,8 @@ left at 0. If minimum and maximum differ anywhere, every rank all-gathers a fixe
 text description of its call and raises :class:`DistDesyncError` with a table of what
 each rank called. Every rank took part in the same check operations and none started the
 real collective, so the group stays usable. The check runs on the group's CPU (MPI)
-communicator under the call's timeout.
+communicator under the call's timeout, as an observer that runs before each operation
+starts; it is registered while the debug level is DETAIL.
 """
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .errors import DistDesyncError
-from .types import RedOpType
-from .work import as_work
+from .. import observe
+from ..errors import DistDesyncError
+from ..types import DebugLevel, RedOpType
+from ..work import as_work
+from . import debug, flight_recorder
+from .ops import CODES
 
 logger = logging.getLogger("hpccomm")
 FIELDS = ("op", "dtype", "count", "shape", "root", "reduce op")
@@ -49,26 +53,22 @@ def _a2a_count(arr: Any, args: tuple) -> int:
     return arr.size if args[2] is None else 0
 
 
-# op name -> (code, count function, shape must match, index of the reduce kind in args)
-_OPS: Dict[str, tuple] = {
-    "broadcast": (1, _count, True, None),
-    "all_reduce": (2, _count, True, 1),
-    "reduce": (3, _count, True, 1),
-    "all_gather": (4, _out_count, False, None),
-    "all_gather_into_tensor": (5, _out_count, True, None),
-    "gather": (6, _no_count, False, None),
-    "scatter": (7, _no_count, False, None),
-    "reduce_scatter": (8, _in_count, False, 2),
-    "reduce_scatter_tensor": (9, _in_count, True, 2),
-    "all_to_all_single": (10, _a2a_count, False, None),
-    "all_to_all": (11, _no_count, False, None),
-    "barrier": (12, _no_count, False, None),
-    # object collectives: each step is checked by operation and root only
-    "broadcast_object_list": (13, _no_count, False, None),
-    "all_gather_object": (14, _no_count, False, None),
-    "gather_object": (15, _no_count, False, None),
-    "scatter_object_list": (16, _no_count, False, None),
+# (count function, shape must match, index of the reduce kind in args) of the
+# collectives whose ranks must agree on more than the operation and the root
+_FIELDS_OF: Dict[str, tuple] = {
+    "broadcast": (_count, True, None),
+    "all_reduce": (_count, True, 1),
+    "reduce": (_count, True, 1),
+    "all_gather": (_out_count, False, None),
+    "all_gather_into_tensor": (_out_count, True, None),
+    "reduce_scatter": (_in_count, False, 2),
+    "reduce_scatter_tensor": (_in_count, True, 2),
+    "all_to_all_single": (_a2a_count, False, None),
 }
+_NOTHING_MORE = (_no_count, False, None)
+# every collective of ops.CODES -> (code, *fields); point-to-point is not checked
+_OPS: Dict[str, tuple] = {op: (code, *_FIELDS_OF.get(op, _NOTHING_MORE))
+                          for op, code in CODES.items()}
 _DTYPE_CODES: Dict[Any, int] = {}
 
 
@@ -166,9 +166,31 @@ def _message(pg: Any, op: str, differing: List[str], rows: Sequence[str]) -> str
 
 
 def _dump(error: BaseException) -> None:
-    from . import flight_recorder
-
     try:
         flight_recorder.dump_on_error("desync", str(error))
     except Exception as exc:  # a failing dump must not hide the desync
         logger.warning("hpccomm: flight recorder dump failed: %s", exc)
+
+
+class DesyncCheck(observe.Observer):
+    """The observer that runs :func:`check` before every operation (DETAIL)."""
+
+    def before_start(self, pg: Any, op: str, args: tuple, arr: Any, peer: Optional[int],
+                     timeout: Optional[float]) -> None:
+        check(pg, op, args, arr, peer, timeout)
+
+
+_observer = DesyncCheck()
+
+
+def _follow(level: DebugLevel) -> None:
+    """Check collectives exactly while the debug level is DETAIL."""
+    if level >= DebugLevel.DETAIL:
+        observe.register(_observer)
+    else:
+        observe.unregister(_observer)
+
+
+def install() -> None:
+    """Check every collective from now on whenever the debug level is DETAIL."""
+    debug.on_change(_follow)

@@ -2,8 +2,9 @@
 
 The level is read from ``HPCCOMM_DISTRIBUTED_DEBUG`` (or torch's
 ``TORCH_DISTRIBUTED_DEBUG``) at import and by :func:`set_debug_level_from_env`; a level
-set at run time applies to the next call on every existing group, because the dispatch
-path reads :data:`detail` on each call.
+set at run time applies to the next call on every existing group: the plug-ins that
+follow the level (:func:`on_change`; the desync check at DETAIL) register or unregister
+their observers at once.
 
 Logging goes to ``logging.getLogger("hpccomm")``. Its level follows torch's matrix, with
 ``HPCCOMM_LOG_LEVEL`` (or ``TORCH_CPP_LOG_LEVEL``) as the log level:
@@ -27,8 +28,9 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Callable, List
 
-from .types import DebugLevel
+from ..types import DebugLevel
 
 logger = logging.getLogger("hpccomm")
 
@@ -38,8 +40,7 @@ logging.addLevelName(TRACE, "TRACE")
 
 #: The current level.
 level: DebugLevel = DebugLevel.OFF
-#: ``level >= DETAIL``: the one flag the dispatch path reads on every call.
-detail: bool = False
+_listeners: List[Callable[[DebugLevel], None]] = []
 
 ENV_VARS = ("HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG")
 LOG_ENV_VARS = ("HPCCOMM_LOG_LEVEL", "TORCH_CPP_LOG_LEVEL")
@@ -51,20 +52,29 @@ _set_by_us = -1  # the logger level this module set last (a user's own level win
 
 def set_debug_level(new_level: "DebugLevel | str | int") -> None:
     """Set the debug level for all following calls, on all groups."""
-    global level, detail
+    global level
     if isinstance(new_level, str):
         try:
             new_level = DebugLevel[new_level.strip().upper()]
         except KeyError:
             raise ValueError(f"debug level must be OFF, INFO or DETAIL, got {new_level!r}") from None
     level = DebugLevel(new_level)
-    detail = level >= DebugLevel.DETAIL
     apply_log_level()
+    for listener in list(_listeners):
+        listener(level)
 
 
 def get_debug_level() -> DebugLevel:
     """The current debug level."""
     return level
+
+
+def on_change(listener: Callable[[DebugLevel], None]) -> None:
+    """Call ``listener(level)`` now and after every change of the level (once per
+    listener, however often it is passed here)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+    listener(level)
 
 
 def set_debug_level_from_env() -> None:

@@ -1,16 +1,17 @@
 """Flight recorder: the last N operations of this process, dumped when something fails.
 
-A preallocated ring of ``Work`` references and a counter; recording one operation is one
-call that stores a reference (the dispatch path reads the time only when a recorder is
-set). A ``Work`` already carries seq, op, group, shape, dtype, start/end time and state,
-so nothing is formatted until a dump. The ring keeps the last N ``Work`` objects alive
+A preallocated ring of ``Work`` references and a counter, filled by an observer of
+operations (:mod:`hpccomm.observe`) that is registered only while the ring is on:
+recording one operation stores a reference and its start time, completion its end
+time. A ``Work`` already carries seq, op, group, shape, dtype and state, so nothing is
+formatted until a dump. The ring keeps the last N ``Work`` objects alive
 (with their output arrays); size it accordingly.
 
 Size: ``HPCCOMM_TRACE_BUFFER=N`` (read by ``init_process_group``); unset, it is
 :data:`DEFAULT_SIZE` at debug level INFO or DETAIL and 0 (off) at OFF. :func:`enable`
 changes it at run time.
 
-Dumps: on a timeout (a ``work.timeout_hooks`` hook, after the roll call) or a desync,
+Dumps: on a timeout (an observer of timeouts, after the roll call) or a desync,
 each failing rank writes ``$HPCCOMM_TRACE_DIR/rank<global rank>.json`` when that
 variable is set; :func:`dump` writes one on demand. ``python -m hpccomm.trace DIR``
 merges the per-rank files into a one-screen summary of which ranks are behind and where.
@@ -21,58 +22,81 @@ import itertools
 import os
 import platform
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-from . import _call, debug, rollcall
-from .group import registry
-from .types import DebugLevel
-from .work import Work, timeout_hooks
+from .. import observe
+from ..group import registry
+from ..types import DebugLevel
+from ..work import Work
+from . import debug, rollcall
 
 ENV_SIZE = "HPCCOMM_TRACE_BUFFER"
 ENV_DIR = "HPCCOMM_TRACE_DIR"
 #: Ring size when ``HPCCOMM_TRACE_BUFFER`` is unset and the debug level is INFO or DETAIL.
 DEFAULT_SIZE = 2000
 
-_ring: List[Optional[Work]] = []
-_counter: Any = itertools.count()
 _STATES = ("pending", "completed", "failed")
+_monotonic = time.monotonic
 
 
-def _make_recorder(ring: List[Optional[Work]], counter: Any) -> Callable[[Work], None]:
-    size = len(ring)
-    step = counter.__next__
+class Recorder(observe.Observer):
+    """The ring: the last ``size`` started operations, with their start and end times."""
 
-    def record(work: Work) -> None:
-        ring[step() % size] = work
-    return record
+    def __init__(self, size: int):
+        self.ring: List[Optional[Work]] = [None] * size
+        self.size = size
+        self._step = itertools.count().__next__
+
+    def on_start(self, work: Work) -> None:
+        work.t_start = _monotonic()
+        self.ring[self._step() % self.size] = work
+
+    def on_complete(self, work: Work) -> None:
+        work.t_end = _monotonic()
+
+    def on_failure(self, work: Work, error: BaseException) -> None:
+        work.t_end = _monotonic()
+
+
+class DumpOnTimeout(observe.Observer):
+    """Writes this rank's dump when an operation times out (with ``HPCCOMM_TRACE_DIR``)."""
+
+    def on_timeout(self, work: Work, waited: float) -> None:
+        last = rollcall.last
+        note = rollcall.sentence(last) if last is not None and last.get("seq") == work.seq \
+            else ""
+        dump_on_error("timeout", f"{work.describe()} timed out after {waited:.3f} s. {note}",
+                      work)
+
+
+_recorder: Optional[Recorder] = None
+_dump_on_timeout = DumpOnTimeout()
 
 
 def enable(size: int) -> None:
     """Record the last ``size`` operations from now on (0 turns recording off)."""
-    global _ring, _counter
-    if size <= 0:
-        disable()
-        return
-    _ring, _counter = [None] * int(size), itertools.count()
-    _call.recorder = _make_recorder(_ring, _counter)
-    Work.timed = True  # completions now record their end time
+    global _recorder
+    disable()
+    if size > 0:
+        _recorder = Recorder(int(size))
+        observe.register(_recorder)
 
 
 def disable() -> None:
     """Stop recording and forget the recorded operations."""
-    global _ring, _counter
-    _call.recorder = None
-    Work.timed = False
-    _ring, _counter = [], itertools.count()
+    global _recorder
+    if _recorder is not None:
+        observe.unregister(_recorder)
+        _recorder = None
 
 
 def size() -> int:
     """The ring's size (0: off)."""
-    return len(_ring) if _call.recorder is not None else 0
+    return _recorder.size if _recorder is not None else 0
 
 
 def configure() -> None:
-    """Size the ring from ``HPCCOMM_TRACE_BUFFER`` or the debug level; install the hook."""
+    """Size the ring from ``HPCCOMM_TRACE_BUFFER`` or the debug level; dump on timeouts."""
     value = os.environ.get(ENV_SIZE, "").strip()
     if value:
         try:
@@ -85,15 +109,7 @@ def configure() -> None:
         wanted = size()  # OFF: keep what enable() chose (off unless asked for)
     if wanted != size():
         enable(wanted)
-    install_hooks()
-
-
-def install_hooks() -> None:
-    """Put the roll call, then the dump, into ``work.timeout_hooks`` (once)."""
-    if rollcall.hook not in timeout_hooks:
-        timeout_hooks.insert(0, rollcall.hook)
-    if _timeout_hook not in timeout_hooks:
-        timeout_hooks.append(_timeout_hook)
+    observe.register(_dump_on_timeout)
 
 
 def _entry(work: Work, offset: float) -> Dict[str, Any]:
@@ -120,7 +136,7 @@ def _entry(work: Work, offset: float) -> Dict[str, Any]:
 def entries() -> List[Dict[str, Any]]:
     """The recorded operations, oldest first, as dicts (times in seconds since the epoch)."""
     offset = time.time() - time.monotonic()
-    ring = list(_ring)
+    ring = list(_recorder.ring) if _recorder is not None else []
     recorded = sorted((w for w in ring if w is not None), key=lambda w: (w.t_start, w.seq))
     return [_entry(work, offset) for work in recorded]
 
@@ -168,10 +184,3 @@ def dump_on_error(reason: str, error: str, failed: Optional[Work] = None) -> Opt
     if not os.environ.get(ENV_DIR):
         return None
     return dump(None, reason, error, failed)
-
-
-def _timeout_hook(work: Work, waited: float) -> None:
-    note = rollcall.sentence(rollcall.last) if rollcall.last is not None and \
-        rollcall.last.get("seq") == work.seq else ""
-    dump_on_error("timeout", f"{work.describe()} timed out after {waited:.3f} s. {note}",
-                  work)

@@ -21,11 +21,11 @@ from typing import Any, List, Union
 
 import numpy as np
 
-from . import p2p
-from .errors import DistTimeoutError
-from .group import GroupLike, ProcessGroup, member_group, skip
-from .types import timeout_seconds
-from .work import as_work
+from .. import p2p
+from ..errors import DistTimeoutError
+from ..group import GroupLike, ProcessGroup, member_group, skip
+from ..types import timeout_seconds
+from ..work import as_work
 
 ACK_TAG = p2p.INTERNAL_TAG + 8
 RELEASE_TAG = p2p.INTERNAL_TAG + 9

@@ -80,7 +80,7 @@ def abort(code: int = 1, message: str = "") -> None:
 
 def _under_launcher() -> bool:
     """Whether a launcher started this process as one of several ranks."""
-    from ._rank_env import launcher_rank
+    from .._launcher_env import launcher_rank
 
     stated = launcher_rank(os.environ)
     return stated is not None and stated[1] > 1

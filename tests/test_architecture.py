@@ -1,0 +1,277 @@
+"""The import graph of hpccomm follows the layers written in docs/architecture.md.
+
+The rules are read from that page's tables (one source for the doc and this test); the
+graph is read from the source with ``ast``: every ``import`` and ``from ... import``,
+inside functions too. A failure names the importing module, the line and the rule.
+"""
+import ast
+import re
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Set, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "hpccomm"
+DOC = ROOT / "docs" / "architecture.md"
+DEFAULT_MARK = "every module not named in this table"
+TOP = "__init__"
+
+
+class Rules(NamedTuple):
+    allowed: Dict[str, Set[str]]        # layer -> layers it may import
+    modules: Dict[str, str]             # flat module name -> layer
+    packages: Dict[str, str]            # subpackage name -> layer
+    default: str                        # layer of modules the table does not name
+    extra: Dict[str, Set[str]]          # module -> further layers it may import
+
+
+def _rows(text: str, header: str) -> List[List[str]]:
+    """The cells of the Markdown table whose header row starts with ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _layers(cell: str) -> Set[str]:
+    return {word.strip() for word in cell.split(",") if word.strip()}
+
+
+def read_rules(text: str) -> Rules:
+    """The layer rules of docs/architecture.md's tables."""
+    allowed, modules, packages, default = {}, {}, {}, None
+    for layer, names, may in _rows(text, "| layer | modules | may import |"):
+        allowed[layer] = _layers(may)
+        for name in re.findall(r"`([^`]+)`", names):
+            if name.endswith("/"):
+                packages[name[:-1]] = layer
+            else:
+                modules[name] = layer
+        if DEFAULT_MARK in names:
+            default = layer
+    extra = {}
+    for module, may, _why in _rows(text, "| module | may also import | why |"):
+        extra[module.strip("`")] = _layers(may)
+    assert default is not None, f"no layer takes '{DEFAULT_MARK}'"
+    return Rules(allowed, modules, packages, default, extra)
+
+
+def layer_of(module: str, rules: Rules) -> str:
+    """The layer of a module named relative to the package (``backends.mpi``)."""
+    head = module.split(".")[0]
+    if head in rules.packages:
+        return rules.packages[head]
+    return rules.modules.get(module, rules.default)
+
+
+def placed(module: str, rules: Rules) -> bool:
+    """Whether the table names the module or its subpackage (else: the default layer)."""
+    return module.split(".")[0] in rules.packages or module in rules.modules
+
+
+def _name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts) or TOP
+
+
+def read_graph(package: Path = PACKAGE) -> Dict[str, Set[Tuple[str, int]]]:
+    """``{module: {(imported hpccomm module, line)}}`` for every module of the package;
+    names are relative to the package, the package itself is ``__init__``."""
+    files = {_name(path, package): path for path in package.rglob("*.py")}
+    known = set(files)
+    graph: Dict[str, Set[Tuple[str, int]]] = {}
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        here = [] if module == TOP else module.split(".")
+        if not is_package:
+            here = here[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+                targets = [t[len("hpccomm."):] if t.startswith("hpccomm.") else
+                           (TOP if t == "hpccomm" else None) for t in targets]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    if node.level - 1 > len(here):  # beyond the package: not ours
+                        continue
+                    base = here[:len(here) - (node.level - 1)]
+                    where = ".".join(base + (node.module.split(".") if node.module else []))
+                    where = where or TOP
+                elif node.module == "hpccomm" or (node.module or "").startswith("hpccomm."):
+                    where = TOP if node.module == "hpccomm" else node.module[len("hpccomm."):]
+                else:
+                    continue
+                for alias in node.names:  # ``from . import x``: x may be a module
+                    prefix = "" if where == TOP else where + "."
+                    sub = prefix + alias.name
+                    targets.append(sub if sub in known else where)
+            for target in targets:
+                if target is None:
+                    continue
+                while target not in known and "." in target:  # an attribute's module
+                    target = target.rsplit(".", 1)[0]
+                if target in known and target != module:
+                    found.add((target, node.lineno))
+        graph[module] = found
+    return graph
+
+
+def circles(graph: Dict[str, Set[Tuple[str, int]]]) -> List[List[str]]:
+    """Sets of modules that import each other, directly or through others (Tarjan)."""
+    edges = {m: {t for t, _ in targets} for m, targets in graph.items()}
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def problems(graph: Dict[str, Set[Tuple[str, int]]], rules: Rules) -> List[str]:
+    """Every import against the layers, and every circle, in words."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        layer = layer_of(module, rules)
+        may = rules.allowed[layer] | rules.extra.get(module, set())
+        for target, line in sorted(targets):
+            other = layer_of(target, rules)
+            if other not in may:
+                hint = "" if placed(target, rules) else (
+                    f" ({target} is not named in docs/architecture.md's table, so it counts "
+                    f"as {other}: name it in the row of its layer)")
+                found.append(f"{module} (line {line}, layer {layer}) imports {target} "
+                             f"(layer {other}); {layer} may import only "
+                             f"{', '.join(sorted(may))}{hint}")
+    for component in circles(graph):
+        found.append("circle of imports: " + " <-> ".join(component))
+    return found
+
+
+RULES = read_rules(DOC.read_text())
+
+
+def test_hpccomm_imports_follow_the_layers_and_make_no_circle():
+    graph = read_graph()
+    assert any(target == "_call" for target, _ in graph["collectives"])  # the reader works
+    assert problems(graph, RULES) == []
+
+
+def test_the_table_names_real_modules_and_known_layers():
+    layers = set(RULES.allowed)
+    assert {"core", "backends", "dispatch", "public", "diagnostics", "tools", "top"} <= layers
+    for may in list(RULES.allowed.values()) + list(RULES.extra.values()):
+        assert may <= layers, may
+    graph = read_graph()
+    for name in RULES.modules:  # a renamed module must not slip into the default layer
+        assert name in graph, f"docs/architecture.md names {name}, which does not exist"
+    assert layer_of("backends.shm_ring", RULES) == "backends"
+    assert layer_of("torch.backend", RULES) == "tools"
+    assert layer_of("diagnostics.desync", RULES) == "diagnostics"
+    assert layer_of("observe", RULES) == "core" and layer_of(TOP, RULES) == "top"
+
+
+def test_the_dispatch_path_imports_no_diagnostic():
+    graph = read_graph()
+    for module in ("_call", "work", "init", "group", "observe"):
+        assert not [t for t, _ in graph[module] if t.startswith("diagnostics")], module
+
+
+def module_level_imports(path: Path) -> Set[str]:
+    """Top-level names of the packages a file imports when it is imported (not inside
+    functions, where an import waits until the function runs)."""
+    found: Set[str] = set()
+    pending = list(ast.parse(path.read_text()).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_only_the_torch_adapter_imports_torch_when_imported():
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).parts[0] == "torch":
+            continue
+        assert "torch" not in module_level_imports(path), path
+
+
+def test_a_bad_graph_is_rejected():
+    """The same checks fail on a graph that breaks each rule."""
+    bad = {
+        "work": {("diagnostics.desync", 10)},          # core reaching up to diagnostics
+        "diagnostics.desync": {("work", 3)},           # ... which imports it back: circle
+        "checkpoint.writer": {(TOP, 5)},               # a tool importing the package root
+        "backends.mpi": {("group", 7)},                # a backend reaching the dispatch path
+        "pytest_plugin": {(TOP, 9)},                   # allowed: the stated exception
+        "collectives": {("_call", 1)},                 # allowed: public -> dispatch
+        "objects": {("new_helper", 4)},                # a module the table does not name
+    }
+    found = problems(bad, RULES)
+    assert len(found) == 5, found
+    assert any(p.startswith("work (line 10, layer core) imports diagnostics.desync")
+               for p in found)
+    assert any(p.startswith("checkpoint.writer (line 5, layer tools) imports __init__")
+               for p in found)
+    assert any(p.startswith("backends.mpi (line 7, layer backends) imports group")
+               for p in found)
+    assert "circle of imports: diagnostics.desync <-> work" in found
+    assert ("objects (line 4, layer public) imports new_helper (layer tools); public may "
+            "import only core, dispatch, public (new_helper is not named in "
+            "docs/architecture.md's table, so it counts as tools: name it in the row of its "
+            "layer)") in found
+
+
+def test_the_graph_reader_sees_every_form_of_import(tmp_path):
+    package = tmp_path / "hpccomm"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from .a import x\n")
+    (package / "a.py").write_text("import hpccomm.b\nfrom hpccomm.sub.c import y\nx = 1\n")
+    (package / "b.py").write_text("def later():\n    from . import a\n    from .. import z\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "c.py").write_text("from .. import x\nfrom ..b import later\ny = 2\n")
+    graph = read_graph(package)
+    assert {t for t, _ in graph["a"]} == {"b", "sub.c"}
+    assert {t for t, _ in graph["b"]} == {"a"}  # inside a function; `..` leaves the package
+    assert {t for t, _ in graph["sub.c"]} == {TOP, "b"}
+    assert {t for t, _ in graph[TOP]} == {"a"}
+    # a -> b -> a (in a function), and a -> sub.c -> the package -> a
+    assert circles(graph) == [[TOP, "a", "b", "sub.c"]]
+    assert module_level_imports(package / "a.py") == {"hpccomm"}
+    assert module_level_imports(package / "b.py") == set()  # only inside a function
