@@ -211,12 +211,19 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         destroy_process_group()
         raise
     shared = _share_cores(mpi, world_comm)
+    report_initialized(pg, seconds, shared, type(registry.store).__name__)
+
+
+def report_initialized(pg: ProcessGroup, seconds: float, cores: str, store: str) -> None:
+    """Tell the observers (the diagnostics, when loaded) that ``pg`` is the job's world
+    group, with the start-up facts they log. The torch adapter calls it for its world."""
+    mpi = _mpi()
     observe.initialized(pg, {
         "host": platform.node(),
         "MPI library": " ".join(mpi.library_version().split()),
         "thread level": _THREAD_LEVELS.get(mpi.thread_level(), str(mpi.thread_level())),
-        "backends": pg.backend_string(), "store": type(registry.store).__name__,
-        "timeout": f"{seconds:.0f} s", "cores": shared})
+        "backends": pg.backend_string(), "store": store,
+        "timeout": f"{seconds:.0f} s", "cores": cores})
 
 
 _THREAD_LEVELS = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",

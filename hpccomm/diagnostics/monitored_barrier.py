@@ -60,8 +60,12 @@ def monitored_barrier(group: GroupLike = None,
     if pg is None:  # not a member: return at once, as torch does
         return skip("monitored_barrier")
     limit = timeout_seconds(timeout, pg.timeout)
-    if limit is None:
-        limit = float("inf")
+    run_on(pg, float("inf") if limit is None else limit, wait_all_ranks)
+
+
+def run_on(pg: ProcessGroup, limit: float, wait_all_ranks: bool = False) -> None:
+    """The monitored barrier on the members of ``pg`` within ``limit`` seconds (also for
+    groups that no default group owns, such as the torch adapter's)."""
     if pg.size() == 1:
         return
     deadline = time.monotonic() + limit

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import importlib
-import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -28,6 +26,7 @@ import torch.distributed as dist
 
 from .. import _call
 from ..collectives import _concatenate, _scatter_into, _splits, _uneven_counts
+from ..diagnostics import monitored_barrier as _monitored
 from ..errors import DistBackendError
 from ..group import ProcessGroup as HostGroup
 from ..types import timeout_seconds
@@ -493,7 +492,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
             return
         limit = timeout_seconds(timeout) or self._host.timeout
         try:
-            _monitored_barrier()(self._host, limit, wait_all_ranks)
+            _monitored.run_on(self._host, limit, wait_all_ranks)
         except DistBackendError as exc:
             raise for_torch(exc) from None
 
@@ -596,24 +595,3 @@ def _steps(steps: Sequence[Optional[Callable[[], None]]]) -> Optional[Callable[[
     for step in steps:
         combined = chain(combined, step)
     return combined
-
-
-def _monitored_barrier() -> Callable[[HostGroup, float, bool], None]:
-    """hpccomm's monitored barrier for an hpccomm group: rank 0 collects, others report."""
-    for name in ("hpccomm.diagnostics.monitored_barrier", "hpccomm.monitored_barrier"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        collect, acknowledge = module._collect, module._acknowledge
-        break
-    else:  # pragma: no cover - both layouts gone
-        raise ImportError("hpccomm's monitored_barrier module is missing")
-
-    def run(host: HostGroup, limit: float, wait_all: bool) -> None:
-        deadline = time.monotonic() + limit
-        if host.rank() == 0:
-            collect(host, limit, deadline, wait_all)
-        else:
-            acknowledge(host, limit, deadline)
-    return run
