@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from .. import _call
 from ..collectives import _concatenate, _scatter_into, _splits, _uneven_counts
-from ..diagnostics import monitored_barrier as _monitored
+from ..diagnostics.monitored_barrier import run_on as _monitored_barrier_on
 from ..errors import DistBackendError
 from ..group import ProcessGroup as HostGroup
 from ..types import timeout_seconds
@@ -492,7 +492,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
             return
         limit = timeout_seconds(timeout) or self._host.timeout
         try:
-            _monitored.run_on(self._host, limit, wait_all_ranks)
+            _monitored_barrier_on(self._host, limit, wait_all_ranks)
         except DistBackendError as exc:
             raise for_torch(exc) from None
 
