@@ -1,0 +1,288 @@
+"""The CPU communicator of a group whose ranks share one node: shared memory above a size.
+
+:class:`SharedMemoryCommunicator` is an :class:`~hpccomm.backends.mpi.MPICommunicator`
+that runs all_reduce, reduce_scatter, all_gather and broadcast of at least
+``min_bytes`` through a shared window (:mod:`.shm_algorithms`) and everything else, and
+every smaller message, through MPI as before. :func:`cpu_communicator` is what the group
+layer calls for the "mpi" backend's CPU arrays: it picks this class when the group has
+two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; a plain MPI
+communicator otherwise (groups that span nodes stay on MPI, whose own algorithms are
+hierarchical).
+
+Operations return ``(test, finish, keep)`` like every host-side backend: ``test()``
+advances the operation's state machine without waiting, so the caller's deadline,
+``async_op`` and the flight recorder work unchanged. Operations of one communicator run
+in the order they were started (they share one ring), and every ``test()`` of any
+operation of the process (shared-memory or MPI) first advances the pending
+shared-memory operations of every group, so that a rank waiting on a later operation
+still does its part of an earlier one, as MPI's progress engine would.
+
+Settings, read when a group is created:
+
+* ``HPCCOMM_SHM=0``: never use shared memory;
+* ``HPCCOMM_SHM_MIN_BYTES``: messages of at least this many bytes go through shared
+  memory (default :data:`DEFAULT_MIN_BYTES`; tests set it to 1);
+* ``HPCCOMM_SHM_CHUNK``: bytes of one ring slot (:data:`DEFAULT_CHUNK`).
+"""
+from __future__ import annotations
+
+import collections
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence, Set
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import DistBackendError, DistError
+from ..types import RedOpType
+from ..work import Started
+from .mpi import _PREDEFINED, MPICommunicator
+from .shm_algorithms import AllGather, AllReduce, Broadcast, Collective, ReduceScatter
+from .shm_reduce import Reducer
+from .shm_window import Window, arrived, rendezvous, shm_space_ok
+
+ENABLE_ENV = "HPCCOMM_SHM"
+MIN_BYTES_ENV = "HPCCOMM_SHM_MIN_BYTES"
+CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
+
+#: Smallest message (bytes) that goes through shared memory by default: below it MPI's
+#: latency wins (see docs/performance.md for the crossover measured per operation).
+DEFAULT_MIN_BYTES = 256 * 1024
+#: Bytes of one ring slot per rank at two ranks; a slot holds one piece per rank, and
+#: pieces stay at least :data:`MIN_PIECE` bytes at larger groups.
+DEFAULT_CHUNK = 512 * 1024
+MIN_PIECE = 64 * 1024
+#: Ring slots per rank.
+SLOTS = 4
+
+_HALF_NATIVE = np.dtype("e") in _PREDEFINED
+#: Communicators with shared-memory operations under way (advanced by every test()).
+_busy: Set["SharedMemoryCommunicator"] = set()
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(float(text))
+    except ValueError:
+        raise DistError(f"{name}={text!r} is not a number of bytes") from None
+
+
+def enabled() -> bool:
+    """Whether ``HPCCOMM_SHM`` allows the shared-memory path (default: yes)."""
+    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunicator:
+    """The communicator for a group's CPU arrays (collective over ``comm``).
+
+    Shared memory when every rank of ``comm`` is on this node, there are at least two,
+    ``HPCCOMM_SHM`` allows it and ``/dev/shm`` has room on every rank; MPI otherwise.
+    """
+    if comm.Get_size() < 2 or not enabled():
+        return MPICommunicator(comm, timeout)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())
+    need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
+    fits = node.Get_size() == comm.Get_size() and shm_space_ok(need)
+    if not node.allreduce(fits, op=MPI.LAND):
+        node.Free()
+        return MPICommunicator(comm, timeout)
+    return SharedMemoryCommunicator(comm, timeout, node, piece,
+                                    _env_int(MIN_BYTES_ENV, DEFAULT_MIN_BYTES))
+
+
+def _piece_bytes(chunk: int, size: int) -> int:
+    """Bytes of one rank's piece of a ring slot: the slot split per rank, cache-line
+    aligned; by default (``chunk`` 0) at least :data:`MIN_PIECE`."""
+    if chunk <= 0:
+        return max(MIN_PIECE, DEFAULT_CHUNK // size) // 64 * 64
+    return max(64, chunk // size // 64 * 64)
+
+
+def _progress_all() -> None:
+    for communicator in list(_busy):
+        communicator._advance()
+
+
+def _guard(started: Started) -> Started:
+    """An MPI operation's triple whose ``test`` first advances pending shared-memory
+    operations (only while there are some)."""
+    if not _busy:
+        return started
+    test, finish, keep = started
+
+    def guarded() -> bool:
+        _progress_all()
+        return test()
+    return guarded, finish, keep
+
+
+class SharedMemoryCommunicator(MPICommunicator):
+    """An MPI communicator whose large collectives run through a shared window."""
+
+    def __init__(self, comm: Any, timeout: Optional[float], node: Any, piece_bytes: int,
+                 min_bytes: int):
+        super().__init__(comm, timeout)
+        self.node = node
+        self.min_bytes = max(1, min_bytes)
+        self.piece_bytes = piece_bytes
+        self.slot_bytes = piece_bytes * self.size
+        self.slots = SLOTS
+        self.window = Window(node, self.slots * self.slot_bytes)
+        self.words, self.regions = self.window.words, self.window.regions
+        self.fence = self.window.fence if self.window.fenced else _nothing
+        self.user_windows: List[Optional[Window]] = [None]  # index 0: no window
+        self.chunks = 0  # chunks numbered so far (every rank alike)
+        self.ops = 0  # shared-memory operations started so far
+        self.queue: "collections.deque[Collective]" = collections.deque()
+        self.failed: Optional[BaseException] = None
+        self._reducers: Dict[Any, Reducer] = {}
+
+    # -- the engine -------------------------------------------------------------------
+    def _start(self, op: Collective) -> Started:
+        if self.failed is not None:
+            raise DistBackendError(f"an earlier shared-memory operation of this group "
+                                   f"failed ({self.failed}); the group is unusable")
+        self.queue.append(op)
+        _busy.add(self)
+
+        def test() -> bool:
+            if not op.done:
+                _progress_all()
+            return op.done
+        return test, None, op
+
+    def _advance(self) -> None:
+        """Advance the operations in order, as far as each can go without waiting."""
+        queue = self.queue
+        try:
+            while queue and queue[0].step():
+                queue.popleft()
+        except BaseException as exc:
+            self.failed = exc
+            queue.clear()
+            _busy.discard(self)
+            raise
+        if not queue:
+            _busy.discard(self)
+
+    def _shared(self, arr: np.ndarray) -> Optional[tuple]:
+        """``(window index, offset)`` when ``arr`` lies in one of this group's windows."""
+        windows = self.user_windows
+        for index in range(1, len(windows)):
+            offset = windows[index].owns(arr)
+            if offset is not None:
+                return index, offset
+        return None
+
+    def _reducer(self, dtype: Any, kind: RedOpType, factor: Any) -> Reducer:
+        if factor is not None:
+            return Reducer(dtype, kind, factor, self.size, _HALF_NATIVE)
+        key = (dtype, kind)
+        found = self._reducers.get(key)
+        if found is None:
+            found = self._reducers[key] = Reducer(dtype, kind, None, self.size, _HALF_NATIVE)
+        return found
+
+    # -- collectives ------------------------------------------------------------------
+    def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
+        if buf.nbytes < self.min_bytes:
+            return _guard(MPICommunicator.all_reduce(self, buf, kind, factor))
+        flat = buf.reshape(-1)
+        return self._start(AllReduce(self, flat, self._reducer(buf.dtype, kind, factor),
+                                     self._shared(flat)))
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
+                       factor: Any, counts: Optional[Sequence[int]]) -> Started:
+        if send.nbytes < self.min_bytes:
+            return _guard(MPICommunicator.reduce_scatter(self, send, recv, kind, factor,
+                                                         counts))
+        flat = send.reshape(-1)
+        return self._start(ReduceScatter(self, flat, recv.reshape(-1), counts,
+                                         self._reducer(send.dtype, kind, factor),
+                                         self._shared(flat)))
+
+    def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
+                   counts: Optional[Sequence[int]]) -> Started:
+        if recv.nbytes < self.min_bytes:
+            return _guard(MPICommunicator.all_gather(self, send, recv, counts))
+        flat = recv.reshape(-1)
+        mine = send.reshape(-1) if send is not None else None
+        if mine is not None:
+            where = self._shared(mine)
+        else:
+            where = self._shared(flat)
+            if where is not None:  # in place: the descriptor points at this rank's block
+                start = (sum(counts[:self.rank]) if counts is not None
+                         else flat.size // self.size * self.rank)
+                where = (where[0], where[1] + start * flat.itemsize)
+        return self._start(AllGather(self, mine, flat, counts, where))
+
+    def broadcast(self, buf: np.ndarray, root: int) -> Started:
+        if buf.nbytes < self.min_bytes:
+            return _guard(MPICommunicator.broadcast(self, buf, root))
+        flat = buf.reshape(-1)
+        return self._start(Broadcast(self, flat, root,
+                                     self._shared(flat) if self.rank == root else None))
+
+    # -- everything else goes to MPI, advancing pending shared-memory work -------------
+    def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Started:
+        return _guard(MPICommunicator.reduce(self, buf, kind, factor, root))
+
+    def gather(self, send: np.ndarray, recv: Optional[np.ndarray], root: int,
+               counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.gather(self, send, recv, root, counts))
+
+    def scatter(self, send: Optional[np.ndarray], recv: np.ndarray, root: int,
+                counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.scatter(self, send, recv, root, counts))
+
+    def all_to_all(self, send: np.ndarray, recv: np.ndarray,
+                   send_counts: Optional[Sequence[int]],
+                   recv_counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.all_to_all(self, send, recv, send_counts, recv_counts))
+
+    def barrier(self) -> Started:
+        return _guard(MPICommunicator.barrier(self))
+
+    def send(self, buf: np.ndarray, dst: int, tag: int) -> Started:
+        return _guard(MPICommunicator.send(self, buf, dst, tag))
+
+    def recv(self, buf: np.ndarray, src: Optional[int], tag: int) -> Started:
+        return _guard(MPICommunicator.recv(self, buf, src, tag))
+
+    # -- arrays in shared memory ---------------------------------------------------------
+    def shared_empty(self, shape: Any, dtype: Any) -> np.ndarray:
+        """A new array in a shared window of this group (collective; see hpccomm.shm)."""
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        nbytes = int(math.prod(shape)) * dtype.itemsize
+        rendezvous(self.node, self.timeout, "hpccomm.shm.empty")
+        window = Window(self.node, -(-nbytes // 64) * 64, control=False)
+        self.user_windows.append(window)
+        return window.regions[self.rank][:nbytes].view(dtype).reshape(shape)
+
+    # -- life cycle --------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Free the windows once every rank frees them; after a failure or with an
+        operation left pending (a timeout), or if some rank does not come within the
+        group's timeout, leave them mapped until the process exits (their files are
+        already unlinked, so nothing is left behind)."""
+        _busy.discard(self)
+        windows = [w for w in self.user_windows[1:] + [self.window] if w is not None]
+        self.user_windows, self.words, self.regions = [None], [], []
+        if MPI.Is_finalized():
+            return
+        if not self.queue and self.failed is None and arrived(self.node, self.timeout):
+            for window in windows:
+                window.free()
+            self.node.Free()
+        self.queue.clear()
+
+
+def _nothing() -> None:
+    """The memory barrier where the processor needs none (x86-64)."""
