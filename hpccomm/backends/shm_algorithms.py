@@ -185,7 +185,18 @@ class Collective:
 
 
 class AllReduce(Collective):
-    """all_reduce of ``flat`` in place: reduce-scatter + all-gather per chunk."""
+    """all_reduce of ``flat`` in place, in one of two ways chosen once every rank has
+    published its descriptor (so all ranks choose alike):
+
+    * reduce-scatter + all-gather per chunk (any group size, and always when every
+      rank's buffer is shared: then nothing is staged);
+    * at two ranks with a private buffer somewhere, *pair*: each rank stages its whole
+      chunk and adds the peer's copy into its own, so a chunk waits on one counter
+      instead of two and takes two NumPy calls instead of four. Both ranks combine in
+      rank order, so both get the same bits.
+
+    Both use the same chunk numbering (``nch`` is fixed before the choice).
+    """
 
     code = 1
 
@@ -199,7 +210,8 @@ class AllReduce(Collective):
         widest = self.bounds[1] - self.bounds[0]
         super().__init__(ctx, "all_reduce", flat.dtype, flat.nbytes, -(-widest // self.ce),
                          shared)
-        self.s = self.nch if shared is not None else 0  # chunks staged
+        self.pair = False
+        self.s = 0  # chunks staged
         self.r = 0  # chunks of my part reduced
         self.g = 0  # chunks gathered
 
@@ -207,7 +219,28 @@ class AllReduce(Collective):
         lo = self.bounds[part] + k * self.ce
         return lo, max(lo, min(self.bounds[part + 1], lo + self.ce))
 
+    def choose(self) -> bool:
+        """Resolve the peers, then pick the way (``False`` while some peer is missing)."""
+        if not self.resolve():
+            return False
+        everyone_shared = self.shared is not None and all(
+            self.sources[p] is not None for p in self.peers)
+        if everyone_shared:
+            self.s = self.nch
+        elif self.ctx.size == 2:
+            self.pair = True
+            self.shared = None  # staged like the peer's: nobody reads this buffer in place
+            self.sources = [None, None]
+            self.ce = -(-self.flat.size // self.nch) if self.nch else 1
+        elif self.shared is not None:
+            self.s = self.nch
+        return True
+
     def advance(self) -> bool:
+        if self.sources is None and not self.choose():
+            return False
+        if self.pair:
+            return self.advance_pair()
         nch, k0 = self.nch, self.k0
         while True:
             moved = False
@@ -217,8 +250,7 @@ class AllReduce(Collective):
                 self.g = g + 1
                 self.publish(CONSUMED, k0 + g + 1)
                 moved = True
-            if r < s and (self.sources is not None or self.resolve()) and \
-                    self.all_at_least(STAGED, k0 + r + 1, staged_only=True):
+            if r < s and self.all_at_least(STAGED, k0 + r + 1, staged_only=True):
                 self.reduce(r)
                 self.r = r + 1
                 self.publish(REDUCED, k0 + r + 1)
@@ -260,6 +292,38 @@ class AllReduce(Collective):
             if hi > lo:
                 np.copyto(flat[lo:hi], self.slot(peer, k, peer, hi - lo)
                           if sources[peer] is None else self.shared_view(peer, lo, hi))
+
+    def advance_pair(self) -> bool:
+        nch, k0, ce, flat = self.nch, self.k0, self.ce, self.flat
+        size = flat.size
+        peer = self.peers[0]
+        first = self.me == 0
+        while True:
+            moved = False
+            r, s = self.r, self.s
+            if r < s and self.all_at_least(STAGED, k0 + r + 1):
+                lo = r * ce
+                hi = min(size, lo + ce)
+                if hi > lo:
+                    other = self.slot(peer, r, 0, hi - lo)
+                    own = flat[lo:hi]
+                    if first:
+                        self.reducer.combine(own, own, (other,))
+                    else:
+                        self.reducer.combine(own, other, (own,))
+                self.r = r + 1
+                self.publish(CONSUMED, k0 + r + 1)
+                moved = True
+            if s < nch and s < self.r + LOOKAHEAD and self.ring_free(s):
+                lo = s * ce
+                hi = min(size, lo + ce)
+                if hi > lo:
+                    np.copyto(self.slot(self.me, s, 0, hi - lo), flat[lo:hi])
+                self.s = s + 1
+                self.publish(STAGED, k0 + s + 1)
+                moved = True
+            if not moved:
+                return self.r == nch
 
 
 class ReduceScatter(Collective):
@@ -368,7 +432,7 @@ class AllGather(Collective):
                 self.publish(STAGED, k0 + s + 1)
                 moved = True
             if not moved:
-                return self.g == nch
+                return self.g == nch and self.s == nch
 
     def gather(self, k: int) -> None:
         recv, sources = self.recv, self.sources
@@ -426,3 +490,4 @@ class Broadcast(Collective):
             self.k += 1
             self.publish(CONSUMED, k0 + self.k)
         return self.k == nch
+

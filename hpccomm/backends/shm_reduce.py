@@ -71,7 +71,7 @@ class Reducer:
             return
         factor = self.factor
         work, term = self._buffers(out.size, out.dtype)
-        if self.acc is None and factor is None:
+        if self.acc is None and factor is None and all(other is not out for other in others):
             work = out
         if factor is not None:
             np.multiply(first, factor, out=work, casting="unsafe")
