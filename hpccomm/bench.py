@@ -43,7 +43,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 KiB, MiB = 1024, 1024 * 1024
-DEFAULT_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 2 * MiB, 16 * MiB, 64 * MiB]
+DEFAULT_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
+                 16 * MiB, 64 * MiB]
 OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
        "all_to_all_single", "send_recv"]
 VARIANTS = ["hpccomm", "hpccomm_async", "mpi4py", "mpi4py_nb", "gloo"]
@@ -434,7 +435,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, or 'all' ({', '.join(OPS)}); default all_reduce")
     p.add_argument("--sizes", default="8,4K,256K,2M",
                    help="comma-separated byte sizes (8, 4K, 2M...), or 'all' (8 B to 64 MiB "
-                        "in powers of 8); default 8,4K,256K,2M")
+                        "in powers of 8, plus 1, 4 and 64 MiB); default 8,4K,256K,2M")
     p.add_argument("--budget", type=float, default=0.5,
                    help="seconds of measuring per (operation, size); default 0.5")
     p.add_argument("--gloo", action="store_true",
