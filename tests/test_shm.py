@@ -307,7 +307,7 @@ def test_memory_barriers_path(dist, rank, size):
                      HPCCOMM_SHM_FENCE=1):
         fenced = dist.new_group(ranks)
     try:
-        assert fenced.cpu.window.fenced
+        assert fenced.cpu.ring.fenced
         x = np.arange(5000, dtype=np.int64) * (rank + 1)
         dist.all_reduce(x, group=fenced)
         assert np.array_equal(x, np.arange(5000) * sum(range(1, size + 1)))

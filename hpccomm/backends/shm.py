@@ -2,7 +2,7 @@
 
 :class:`SharedMemoryCommunicator` is an :class:`~hpccomm.backends.mpi.MPICommunicator`
 that runs all_reduce, reduce_scatter, all_gather and broadcast of at least
-``min_bytes`` through a shared window (:mod:`.shm_algorithms`) and everything else, and
+``min_bytes`` through shared memory (:mod:`.shm_algorithms`) and everything else, and
 every smaller message, through MPI as before. :func:`cpu_communicator` is what the group
 layer calls for the "mpi" backend's CPU arrays: it picks this class when the group has
 two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; a plain MPI
@@ -40,7 +40,8 @@ from ..work import Started
 from .mpi import _PREDEFINED, MPICommunicator
 from .shm_algorithms import AllGather, AllReduce, Broadcast, Collective, ReduceScatter
 from .shm_reduce import Reducer
-from .shm_window import Window, arrived, rendezvous, shm_space_ok
+from . import shm_segment
+from .shm_segment import Segment, rendezvous
 
 ENABLE_ENV = "HPCCOMM_SHM"
 MIN_BYTES_ENV = "HPCCOMM_SHM_MIN_BYTES"
@@ -87,12 +88,16 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())
     need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
-    fits = node.Get_size() == comm.Get_size() and shm_space_ok(need)
-    if not node.allreduce(fits, op=MPI.LAND):
-        node.Free()
-        return MPICommunicator(comm, timeout)
-    return SharedMemoryCommunicator(comm, timeout, node, piece,
-                                    _env_int(MIN_BYTES_ENV, DEFAULT_MIN_BYTES))
+    fits = (node.Get_size() == comm.Get_size() and shm_segment.available() and
+            shm_segment.space_ok(need))
+    if node.allreduce(fits, op=MPI.LAND):
+        try:
+            return SharedMemoryCommunicator(comm, timeout, node, piece,
+                                            _env_int(MIN_BYTES_ENV, DEFAULT_MIN_BYTES))
+        except OSError:  # every rank gets it (the segment checks with all of them)
+            pass
+    node.Free()
+    return MPICommunicator(comm, timeout)
 
 
 def _piece_bytes(chunk: int, size: int) -> int:
@@ -122,7 +127,7 @@ def _guard(started: Started) -> Started:
 
 
 class SharedMemoryCommunicator(MPICommunicator):
-    """An MPI communicator whose large collectives run through a shared window."""
+    """An MPI communicator whose large collectives run through shared memory."""
 
     def __init__(self, comm: Any, timeout: Optional[float], node: Any, piece_bytes: int,
                  min_bytes: int):
@@ -132,10 +137,10 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.piece_bytes = piece_bytes
         self.slot_bytes = piece_bytes * self.size
         self.slots = SLOTS
-        self.window = Window(node, self.slots * self.slot_bytes)
-        self.words, self.regions = self.window.words, self.window.regions
-        self.fence = self.window.fence if self.window.fenced else _nothing
-        self.user_windows: List[Optional[Window]] = [None]  # index 0: no window
+        self.ring = Segment(node, self.slots * self.slot_bytes)
+        self.words, self.regions = self.ring.words, self.ring.regions
+        self.fence = self.ring.fence if self.ring.fenced else _nothing
+        self.user_segments: List[Optional[Segment]] = [None]  # index 0: none
         self.chunks = 0  # chunks numbered so far (every rank alike)
         self.ops = 0  # shared-memory operations started so far
         self.queue: "collections.deque[Collective]" = collections.deque()
@@ -171,10 +176,10 @@ class SharedMemoryCommunicator(MPICommunicator):
             _busy.discard(self)
 
     def _shared(self, arr: np.ndarray) -> Optional[tuple]:
-        """``(window index, offset)`` when ``arr`` lies in one of this group's windows."""
-        windows = self.user_windows
-        for index in range(1, len(windows)):
-            offset = windows[index].owns(arr)
+        """``(segment index, offset)`` when ``arr`` lies in one of this group's segments."""
+        segments = self.user_segments
+        for index in range(1, len(segments)):
+            offset = segments[index].owns(arr)
             if offset is not None:
                 return index, offset
         return None
@@ -257,31 +262,28 @@ class SharedMemoryCommunicator(MPICommunicator):
 
     # -- arrays in shared memory ---------------------------------------------------------
     def shared_empty(self, shape: Any, dtype: Any) -> np.ndarray:
-        """A new array in a shared window of this group (collective; see hpccomm.shm)."""
+        """A new array in shared memory of this group (collective; see hpccomm.shm)."""
         dtype = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         nbytes = int(math.prod(shape)) * dtype.itemsize
         rendezvous(self.node, self.timeout, "hpccomm.shm.empty")
-        window = Window(self.node, -(-nbytes // 64) * 64, control=False)
-        self.user_windows.append(window)
-        return window.regions[self.rank][:nbytes].view(dtype).reshape(shape)
+        segment = Segment(self.node, nbytes, control=False)
+        self.user_segments.append(segment)
+        return segment.regions[self.rank][:nbytes].view(dtype).reshape(shape)
 
     # -- life cycle --------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Free the windows once every rank frees them; after a failure or with an
-        operation left pending (a timeout), or if some rank does not come within the
-        group's timeout, leave them mapped until the process exits (their files are
-        already unlinked, so nothing is left behind)."""
+        """Forget the segments (local: nothing waits for the other ranks). Their memory
+        goes when the last rank drops its mapping, arrays from hpccomm.shm.empty included
+        once the caller lets go of them."""
         _busy.discard(self)
-        windows = [w for w in self.user_windows[1:] + [self.window] if w is not None]
-        self.user_windows, self.words, self.regions = [None], [], []
-        if MPI.Is_finalized():
-            return
-        if not self.queue and self.failed is None and arrived(self.node, self.timeout):
-            for window in windows:
-                window.free()
-            self.node.Free()
         self.queue.clear()
+        for segment in self.user_segments[1:] + [self.ring]:
+            if segment is not None:
+                segment.release()
+        self.user_segments, self.words, self.regions = [None], [], []
+        if not MPI.Is_finalized():
+            self.node.Free()
 
 
 def _nothing() -> None:

@@ -4,7 +4,7 @@ Each operation is cut into *chunks* that stay in cache. Chunks are numbered by o
 counter per communicator that every rank advances alike, so chunk ``g`` of any
 operation uses ring slot ``g % slots`` of its writer's region, and a counter value
 ``g + 1`` means "done with chunk ``g``" whatever operation it belonged to. Per rank and
-chunk, three single-writer counters (see :mod:`.shm_window`):
+chunk, three single-writer counters (see :mod:`.shm_segment`):
 
 * ``STAGED``: this rank has copied its inputs for chunk ``g`` into its ring slot;
 * ``REDUCED``: this rank has put the result of its own part of chunk ``g`` where the
@@ -18,7 +18,7 @@ need), reduces its own part of the chunk from every rank's piece in one pass, pu
 it, and copies the other parts' results into its buffer. reduce_scatter stops after the
 reduction; all_gather and broadcast stage whole chunks and copy them out.
 
-**Zero copy.** A buffer allocated in a shared window (:func:`hpccomm.shm.empty`) is
+**Zero copy.** A buffer allocated in a shared segment (:func:`hpccomm.shm.empty`) is
 read by the peers where it lies: its owner stages nothing. At the start of every
 operation each rank publishes a descriptor (``ENTER``: operation number, whether its
 buffer is shared, and a tag of the operation's kind and size; ``WINDOW``/``OFFSET``:
@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import DistBackendError
 from .shm_reduce import Reducer
-from .shm_window import CONSUMED, ENTER, OFFSET, REDUCED, STAGED, WINDOW
+from .shm_segment import CONSUMED, ENTER, OFFSET, REDUCED, SEGMENT, STAGED
 
 #: Chunks a rank may stage ahead of the ones it has finished (keeps them in cache).
 LOOKAHEAD = 2
@@ -84,7 +84,7 @@ class Collective:
         ctx.ops += 1
         self.seq = ctx.ops
         self.tag = (self.code * 0x9E37 ^ total_bytes * 31 ^ dtype.num) & _TAG_MASK
-        self.shared = shared  # (window index, byte offset) of my buffer, or None
+        self.shared = shared  # (segment index, byte offset) of my buffer, or None
         self.sources: Optional[List[Any]] = None  # per rank: None (staged) or a byte view
         self.begun = False
         self.done = False
@@ -96,7 +96,7 @@ class Collective:
         mine = ctx.words[self.me]
         value = (self.seq << _SEQ_SHIFT) | self.tag
         if self.shared is not None:
-            mine[WINDOW], mine[OFFSET] = self.shared
+            mine[SEGMENT], mine[OFFSET] = self.shared
             value |= _ZC_BIT
         ctx.fence()
         mine[ENTER] = value
@@ -121,8 +121,8 @@ class Collective:
                         f"{self.me} ({self.dtype}); every rank must call the same "
                         f"collective with matching arrays")
                 if value & _ZC_BIT:
-                    window = ctx.user_windows[words[peer][WINDOW]]
-                    sources[peer] = window.regions[peer][words[peer][OFFSET]:]
+                    segment = ctx.user_segments[words[peer][SEGMENT]]
+                    sources[peer] = segment.regions[peer][words[peer][OFFSET]:]
         ctx.fence()
         self.sources = sources
         return True

@@ -26,9 +26,9 @@ def say(*parts):
 
 
 def backing_files():
-    """The file behind each shared window this rank maps (``/proc/self/maps``)."""
+    """The file behind the shared segment this rank maps (``/proc/self/maps``)."""
     cpu = dist.group.WORLD.cpu
-    regions = [cpu.window.regions[cpu.rank]]
+    regions = [cpu.ring.regions[cpu.rank]]
     found = []
     with open("/proc/self/maps") as maps:
         lines = maps.read().splitlines()
@@ -50,7 +50,7 @@ def killed():
     rank as soon as one dies: the survivors could not report otherwise.
     """
     x = np.ones(1 << 16, np.float32)
-    dist.all_reduce(x)  # every rank through once: the windows are in use
+    dist.all_reduce(x)  # every rank through once: the segment is in use
     segments = backing_files()
     pids = [None] * dist.get_world_size()
     dist.all_gather_object(pids, os.getpid())
