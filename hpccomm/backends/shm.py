@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -59,7 +59,7 @@ SLOTS = 4
 
 _HALF_NATIVE = np.dtype("e") in _PREDEFINED
 #: Communicators with shared-memory operations under way (advanced by every test()).
-_busy: Set["SharedMemoryCommunicator"] = set()
+_busy: List["SharedMemoryCommunicator"] = []
 
 
 def _env_int(name: str, default: int) -> int:
@@ -109,7 +109,10 @@ def _piece_bytes(chunk: int, size: int) -> int:
 
 
 def _progress_all() -> None:
-    for communicator in list(_busy):
+    if len(_busy) == 1:
+        _busy[0]._advance()
+        return
+    for communicator in tuple(_busy):
         communicator._advance()
 
 
@@ -139,7 +142,8 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.slots = SLOTS
         self.ring = Segment(node, self.slots * self.slot_bytes)
         self.words, self.regions = self.ring.words, self.ring.regions
-        self.fence = self.ring.fence if self.ring.fenced else _nothing
+        self.fenced = self.ring.fenced
+        self.fence = self.ring.fence if self.fenced else _nothing
         self.user_segments: List[Optional[Segment]] = [None]  # index 0: none
         self.chunks = 0  # chunks numbered so far (every rank alike)
         self.ops = 0  # shared-memory operations started so far
@@ -153,7 +157,8 @@ class SharedMemoryCommunicator(MPICommunicator):
             raise DistBackendError(f"an earlier shared-memory operation of this group "
                                    f"failed ({self.failed}); the group is unusable")
         self.queue.append(op)
-        _busy.add(self)
+        if self not in _busy:
+            _busy.append(self)
 
         def test() -> bool:
             if not op.done:
@@ -170,10 +175,14 @@ class SharedMemoryCommunicator(MPICommunicator):
         except BaseException as exc:
             self.failed = exc
             queue.clear()
-            _busy.discard(self)
+            self._idle()
             raise
         if not queue:
-            _busy.discard(self)
+            self._idle()
+
+    def _idle(self) -> None:
+        if self in _busy:
+            _busy.remove(self)
 
     def _shared(self, arr: np.ndarray) -> Optional[tuple]:
         """``(segment index, offset)`` when ``arr`` lies in one of this group's segments."""
@@ -276,7 +285,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         """Forget the segments (local: nothing waits for the other ranks). Their memory
         goes when the last rank drops its mapping, arrays from hpccomm.shm.empty included
         once the caller lets go of them."""
-        _busy.discard(self)
+        self._idle()
         self.queue.clear()
         for segment in self.user_segments[1:] + [self.ring]:
             if segment is not None:

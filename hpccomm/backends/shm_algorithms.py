@@ -86,6 +86,7 @@ class Collective:
         self.tag = (self.code * 0x9E37 ^ total_bytes * 31 ^ dtype.num) & _TAG_MASK
         self.shared = shared  # (segment index, byte offset) of my buffer, or None
         self.sources: Optional[List[Any]] = None  # per rank: None (staged) or a byte view
+        self.fenced = ctx.fenced
         self.begun = False
         self.done = False
 
@@ -294,36 +295,49 @@ class AllReduce(Collective):
                           if sources[peer] is None else self.shared_view(peer, lo, hi))
 
     def advance_pair(self) -> bool:
+        ctx = self.ctx
         nch, k0, ce, flat = self.nch, self.k0, self.ce, self.flat
         size = flat.size
         peer = self.peers[0]
+        theirs, mine = ctx.words[peer], ctx.words[self.me]
+        fenced = ctx.fence if self.fenced else None
+        combine = self.reducer.combine
         first = self.me == 0
+        r, s = self.r, self.s
         while True:
             moved = False
-            r, s = self.r, self.s
-            if r < s and self.all_at_least(STAGED, k0 + r + 1):
+            if r < s and theirs[STAGED] > k0 + r:
+                if fenced:
+                    fenced()
                 lo = r * ce
                 hi = min(size, lo + ce)
                 if hi > lo:
                     other = self.slot(peer, r, 0, hi - lo)
                     own = flat[lo:hi]
                     if first:
-                        self.reducer.combine(own, own, (other,))
+                        combine(own, own, (other,))
                     else:
-                        self.reducer.combine(own, other, (own,))
-                self.r = r + 1
-                self.publish(CONSUMED, k0 + r + 1)
+                        combine(own, other, (own,))
+                r += 1
+                if fenced:
+                    fenced()
+                mine[CONSUMED] = k0 + r
                 moved = True
-            if s < nch and s < self.r + LOOKAHEAD and self.ring_free(s):
+            if s < nch and s < r + LOOKAHEAD and theirs[CONSUMED] > k0 + s - ctx.slots:
+                if fenced:
+                    fenced()
                 lo = s * ce
                 hi = min(size, lo + ce)
                 if hi > lo:
                     np.copyto(self.slot(self.me, s, 0, hi - lo), flat[lo:hi])
-                self.s = s + 1
-                self.publish(STAGED, k0 + s + 1)
+                s += 1
+                if fenced:
+                    fenced()
+                mine[STAGED] = k0 + s
                 moved = True
             if not moved:
-                return self.r == nch
+                self.r, self.s = r, s
+                return r == nch
 
 
 class ReduceScatter(Collective):
