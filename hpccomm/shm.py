@@ -47,8 +47,7 @@ def empty(shape: Union[int, Sequence[int]], dtype: Any = np.float32,
 
 
 def is_shared(arr: np.ndarray, group: GroupLike = None) -> bool:
-    """Whether collectives of ``group`` read ``arr`` in place (it lies in memory made by
-    :func:`empty` for that group)."""
+    """Whether ``arr`` lies in shared memory made by :func:`empty` for ``group``."""
     pg = resolve(group, "shm.is_shared")
-    locate = getattr(pg.cpu, "_shared", None)
-    return isinstance(arr, np.ndarray) and locate is not None and locate(arr) is not None
+    locate = getattr(pg.cpu, "in_segment", None)
+    return isinstance(arr, np.ndarray) and locate is not None and locate(arr)

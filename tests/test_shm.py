@@ -87,16 +87,23 @@ def environment(**values):
                 os.environ[name] = value
 
 
-@pytest.fixture(scope="module")
-def groups(world):
-    """``(shared-memory group, plain MPI group)``, both of every rank."""
+@pytest.fixture(scope="module", params=["staged", "in place"])
+def groups(world, request):
+    """``(shared-memory group, plain MPI group)``, both of every rank. The shared-memory
+    group either copies private arrays into shared memory ("staged": what it does where
+    processes cannot read each other's memory) or reads them in place by cross-memory
+    attach where the kernel allows it (else it stages too)."""
     import hpccomm as dist
 
     ranks = list(range(dist.get_world_size()))
-    with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1, HPCCOMM_SHM_CHUNK=1024):
+    cma = "1" if request.param == "in place" else "0"
+    with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1, HPCCOMM_SHM_CHUNK=1024,
+                     HPCCOMM_SHM_CMA=cma):
         shm = dist.new_group(ranks)
     with environment(HPCCOMM_SHM="0"):
         plain = dist.new_group(ranks)
+    if request.param == "staged" and dist.get_world_size() > 1:
+        assert shm.cpu.pids is None  # HPCCOMM_SHM_CMA=0: no cross-memory attach
     yield shm, plain
     dist.destroy_process_group(shm)
     dist.destroy_process_group(plain)

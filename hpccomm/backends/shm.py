@@ -29,18 +29,20 @@ from __future__ import annotations
 import collections
 import math
 import os
+import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import DistBackendError, DistError
+from ..errors import DistBackendError
 from ..types import RedOpType
 from ..work import Started
-from .mpi import _PREDEFINED, MPICommunicator
+from . import mpi as _mpi_backend
+from .mpi import MPICommunicator
+from . import shm_cma, shm_segment
 from .shm_algorithms import AllGather, AllReduce, Broadcast, Collective, ReduceScatter
 from .shm_reduce import Reducer
-from . import shm_segment
 from .shm_segment import Segment, rendezvous
 
 ENABLE_ENV = "HPCCOMM_SHM"
@@ -57,19 +59,24 @@ MIN_PIECE = 64 * 1024
 #: Ring slots per rank.
 SLOTS = 4
 
-_HALF_NATIVE = np.dtype("e") in _PREDEFINED
+#: Whether the MPI path reduces float16 natively (else it stages it in float32, as here).
+_HALF_NATIVE = np.dtype("e") in getattr(_mpi_backend, "_PREDEFINED", {})
 #: Communicators with shared-memory operations under way (advanced by every test()).
 _busy: List["SharedMemoryCommunicator"] = []
 
 
 def _env_int(name: str, default: int) -> int:
+    """A byte count from the environment; a malformed one warns and keeps the default
+    (raising on one rank would leave the others waiting in the group's creation)."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
     try:
         return int(float(text))
     except ValueError:
-        raise DistError(f"{name}={text!r} is not a number of bytes") from None
+        warnings.warn(f"hpccomm: {name}={text!r} is not a number of bytes; using {default}",
+                      stacklevel=2)
+        return default
 
 
 def enabled() -> bool:
@@ -81,19 +88,21 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     """The communicator for a group's CPU arrays (collective over ``comm``).
 
     Shared memory when every rank of ``comm`` is on this node, there are at least two,
-    ``HPCCOMM_SHM`` allows it and ``/dev/shm`` has room on every rank; MPI otherwise.
+    ``HPCCOMM_SHM`` allows it on every rank and ``/dev/shm`` has room; MPI otherwise.
+    The ranks agree on the choice and take rank 0's chunk and threshold settings, so
+    environments that differ between ranks cannot split a group between two paths.
     """
-    if comm.Get_size() < 2 or not enabled():
+    if comm.Get_size() < 2:
         return MPICommunicator(comm, timeout)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())
     need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
-    fits = (node.Get_size() == comm.Get_size() and shm_segment.available() and
-            shm_segment.space_ok(need))
+    fits = (enabled() and node.Get_size() == comm.Get_size() and shm_segment.available()
+            and shm_segment.space_ok(need))
     if node.allreduce(fits, op=MPI.LAND):
+        piece, min_bytes = node.bcast((piece, _env_int(MIN_BYTES_ENV, DEFAULT_MIN_BYTES)))
         try:
-            return SharedMemoryCommunicator(comm, timeout, node, piece,
-                                            _env_int(MIN_BYTES_ENV, DEFAULT_MIN_BYTES))
+            return SharedMemoryCommunicator(comm, timeout, node, piece, min_bytes)
         except OSError:  # every rank gets it (the segment checks with all of them)
             pass
     node.Free()
@@ -145,6 +154,10 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.fenced = self.ring.fenced
         self.fence = self.ring.fence if self.fenced else _nothing
         self.user_segments: List[Optional[Segment]] = [None]  # index 0: none
+        #: Every rank's pid when ranks can read each other's memory (cross-memory attach):
+        #: private buffers are then read in place too, with no copy into shared memory.
+        self.pids = shm_cma.probe(node)
+        self._scratch: Dict[int, np.ndarray] = {}
         self.chunks = 0  # chunks numbered so far (every rank alike)
         self.ops = 0  # shared-memory operations started so far
         self.queue: "collections.deque[Collective]" = collections.deque()
@@ -163,6 +176,8 @@ class SharedMemoryCommunicator(MPICommunicator):
         def test() -> bool:
             if not op.done:
                 _progress_all()
+                if op.error is not None:
+                    raise op.error
             return op.done
         return test, None, op
 
@@ -172,11 +187,11 @@ class SharedMemoryCommunicator(MPICommunicator):
         try:
             while queue and queue[0].step():
                 queue.popleft()
-        except BaseException as exc:
+        except Exception as exc:  # raised by each pending operation's own test()
             self.failed = exc
+            for pending in queue:
+                pending.error = exc
             queue.clear()
-            self._idle()
-            raise
         if not queue:
             self._idle()
 
@@ -185,13 +200,28 @@ class SharedMemoryCommunicator(MPICommunicator):
             _busy.remove(self)
 
     def _shared(self, arr: np.ndarray) -> Optional[tuple]:
-        """``(segment index, offset)`` when ``arr`` lies in one of this group's segments."""
+        """Where peers read ``arr`` in place: ``(segment index, offset)`` when it lies in
+        one of this group's segments, ``(0, address)`` when they can read this process's
+        memory (cross-memory attach), ``None`` when it must be staged."""
         segments = self.user_segments
         for index in range(1, len(segments)):
             offset = segments[index].owns(arr)
             if offset is not None:
                 return index, offset
+        if self.pids is not None:
+            return 0, arr.ctypes.data
         return None
+
+    def in_segment(self, arr: np.ndarray) -> bool:
+        """Whether ``arr`` lies in one of this group's segments (hpccomm.shm.empty)."""
+        return any(segment.owns(arr) is not None for segment in self.user_segments[1:])
+
+    def scratch(self, peer: int, nbytes: int) -> np.ndarray:
+        """This rank's buffer for chunks read from ``peer`` (grown as needed)."""
+        found = self._scratch.get(peer)
+        if found is None or found.nbytes < nbytes:
+            found = self._scratch[peer] = np.empty(max(nbytes, self.slot_bytes), np.uint8)
+        return found[:nbytes]
 
     def _reducer(self, dtype: Any, kind: RedOpType, factor: Any) -> Reducer:
         if factor is not None:

@@ -36,6 +36,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from ..errors import DistBackendError
+from . import shm_cma as cma
 from .shm_reduce import Reducer
 from .shm_segment import CONSUMED, ENTER, OFFSET, REDUCED, SEGMENT, STAGED
 
@@ -89,6 +90,7 @@ class Collective:
         self.fenced = ctx.fenced
         self.begun = False
         self.done = False
+        self.error: Optional[BaseException] = None  # set when the group's engine failed
 
     # -- handshake ------------------------------------------------------------------
     def begin(self) -> None:
@@ -122,8 +124,11 @@ class Collective:
                         f"{self.me} ({self.dtype}); every rank must call the same "
                         f"collective with matching arrays")
                 if value & _ZC_BIT:
-                    segment = ctx.user_segments[words[peer][SEGMENT]]
-                    sources[peer] = segment.regions[peer][words[peer][OFFSET]:]
+                    index, offset = words[peer][SEGMENT], words[peer][OFFSET]
+                    if index == 0:  # a private array, read by cross-memory attach
+                        sources[peer] = (ctx.pids[peer], offset)
+                    else:
+                        sources[peer] = ctx.user_segments[index].regions[peer][offset:]
         ctx.fence()
         self.sources = sources
         return True
@@ -147,10 +152,23 @@ class Collective:
         start = ((self.k0 + k) % ctx.slots) * ctx.slot_bytes + piece * ctx.piece_bytes
         return ctx.regions[owner][start:start + count * self.item].view(self.dtype)
 
-    def shared_view(self, owner: int, lo: int, hi: int) -> np.ndarray:
-        """Elements ``lo:hi`` of ``owner``'s shared buffer."""
-        item = self.item
-        return self.sources[owner][lo * item:hi * item].view(self.dtype)
+    def fetch(self, owner: int, lo: int, hi: int) -> np.ndarray:
+        """Elements ``lo:hi`` of ``owner``'s buffer, read in place: a view of its shared
+        segment, or a copy into this rank's scratch (cross-memory attach)."""
+        item, source = self.item, self.sources[owner]
+        if type(source) is tuple:
+            scratch = self.ctx.scratch(owner, (hi - lo) * item).view(self.dtype)
+            cma.read(scratch, source[0], source[1] + lo * item)
+            return scratch
+        return source[lo * item:hi * item].view(self.dtype)
+
+    def copy_from(self, dst: np.ndarray, owner: int, lo: int, hi: int) -> None:
+        """Copy elements ``lo:hi`` of ``owner``'s buffer, read in place, into ``dst``."""
+        item, source = self.item, self.sources[owner]
+        if type(source) is tuple:
+            cma.read(dst, source[0], source[1] + lo * item)
+        else:
+            np.copyto(dst, source[lo * item:hi * item].view(self.dtype))
 
     def all_at_least(self, word: int, value: int, staged_only: bool = False) -> bool:
         """Whether every peer's counter ``word`` has reached ``value`` (only peers that
@@ -278,7 +296,7 @@ class AllReduce(Collective):
             return
         own = self.flat[lo:hi]
         inputs = [self.slot(p, k, me, hi - lo) if sources[p] is None
-                  else self.shared_view(p, lo, hi) for p in self.peers]
+                  else self.fetch(p, lo, hi) for p in self.peers]
         if self.shared is not None:
             self.reducer.combine(own, own, inputs)
         else:
@@ -291,8 +309,10 @@ class AllReduce(Collective):
         for peer in self.peers:
             lo, hi = self.span(peer, k)
             if hi > lo:
-                np.copyto(flat[lo:hi], self.slot(peer, k, peer, hi - lo)
-                          if sources[peer] is None else self.shared_view(peer, lo, hi))
+                if sources[peer] is None:
+                    np.copyto(flat[lo:hi], self.slot(peer, k, peer, hi - lo))
+                else:
+                    self.copy_from(flat[lo:hi], peer, lo, hi)
 
     def advance_pair(self) -> bool:
         ctx = self.ctx
@@ -391,7 +411,7 @@ class ReduceScatter(Collective):
             return
         base = self.bounds[me]
         inputs = [self.slot(p, k, me, hi - lo) if sources[p] is None
-                  else self.shared_view(p, lo, hi) for p in self.peers]
+                  else self.fetch(p, lo, hi) for p in self.peers]
         self.reducer.combine(self.recv[lo - base:hi - base], self.send[lo:hi], inputs)
 
 
@@ -454,8 +474,10 @@ class AllGather(Collective):
             lo, hi = self.block(peer, k)
             if hi > lo:
                 base = self.bounds[peer]
-                np.copyto(recv[base + lo:base + hi], self.slot(peer, k, 0, hi - lo)
-                          if sources[peer] is None else self.shared_view(peer, lo, hi))
+                if sources[peer] is None:
+                    np.copyto(recv[base + lo:base + hi], self.slot(peer, k, 0, hi - lo))
+                else:
+                    self.copy_from(recv[base + lo:base + hi], peer, lo, hi)
 
 
 class Broadcast(Collective):
@@ -497,10 +519,10 @@ class Broadcast(Collective):
         while self.k < nch and (self.sources is not None or self.resolve()) and \
                 self.all_at_least(STAGED, k0 + self.k + 1, staged_only=True):
             lo, hi = self.span(self.k)
-            source = (self.slot(self.root, self.k, 0, hi - lo)
-                      if self.sources[self.root] is None
-                      else self.shared_view(self.root, lo, hi))
-            np.copyto(self.buf[lo:hi], source)
+            if self.sources[self.root] is None:
+                np.copyto(self.buf[lo:hi], self.slot(self.root, self.k, 0, hi - lo))
+            else:
+                self.copy_from(self.buf[lo:hi], self.root, lo, hi)
             self.k += 1
             self.publish(CONSUMED, k0 + self.k)
         return self.k == nch
