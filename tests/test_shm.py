@@ -127,6 +127,27 @@ def test_groups_take_the_path_they_should(groups, size):
     assert not isinstance(plain.cpu, SharedMemoryCommunicator)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_default_thresholds_keep_small_messages_and_broadcast_on_mpi(dist, size):
+    from hpccomm.backends import shm
+
+    cpu = dist.group.WORLD.cpu
+    if not isinstance(cpu, shm.SharedMemoryCommunicator) or os.environ.get(
+            "HPCCOMM_SHM_MIN_BYTES"):
+        pytest.skip("the default group does not use the default thresholds here")
+    assert (cpu.min_reduce, cpu.min_scatter, cpu.min_gather, cpu.min_bcast) == tuple(
+        shm.DEFAULT_MIN_BYTES[op] for op in ("all_reduce", "reduce_scatter", "all_gather",
+                                             "broadcast"))
+    before = cpu.ops
+    small = np.ones(1000)
+    dist.all_reduce(small)
+    dist.broadcast(np.ones(1 << 20), src=0)  # 8 MiB: still MPI
+    assert cpu.ops == before and (small == size).all()
+    big = np.ones(cpu.min_reduce // 8 + 1)
+    dist.all_reduce(big)
+    assert cpu.ops == before + 1 and (big == size).all()
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("name", ALL_DTYPES)
 def test_all_reduce_matches_mpi(groups, dist, rank, name):

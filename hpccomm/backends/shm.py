@@ -1,8 +1,8 @@
 """The CPU communicator of a group whose ranks share one node: shared memory above a size.
 
 :class:`SharedMemoryCommunicator` is an :class:`~hpccomm.backends.mpi.MPICommunicator`
-that runs all_reduce, reduce_scatter, all_gather and broadcast of at least
-``min_bytes`` through shared memory (:mod:`.shm_algorithms`) and everything else, and
+that runs all_reduce, reduce_scatter, all_gather and broadcast above a size threshold
+per operation through shared memory (:mod:`.shm_algorithms`) and everything else, and
 every smaller message, through MPI as before. :func:`cpu_communicator` is what the group
 layer calls for the "mpi" backend's CPU arrays: it picks this class when the group has
 two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; a plain MPI
@@ -21,7 +21,8 @@ Settings, read when a group is created:
 
 * ``HPCCOMM_SHM=0``: never use shared memory;
 * ``HPCCOMM_SHM_MIN_BYTES``: messages of at least this many bytes go through shared
-  memory (default :data:`DEFAULT_MIN_BYTES`; tests set it to 1);
+  memory, for all four operations (defaults per operation: :data:`DEFAULT_MIN_BYTES`;
+  tests set it to 1);
 * ``HPCCOMM_SHM_CHUNK``: bytes of one ring slot (:data:`DEFAULT_CHUNK`).
 """
 from __future__ import annotations
@@ -49,9 +50,12 @@ ENABLE_ENV = "HPCCOMM_SHM"
 MIN_BYTES_ENV = "HPCCOMM_SHM_MIN_BYTES"
 CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
 
-#: Smallest message (bytes) that goes through shared memory by default: below it MPI's
-#: latency wins (see docs/performance.md for the crossover measured per operation).
-DEFAULT_MIN_BYTES = 256 * 1024
+#: Smallest message (bytes) per operation that goes through shared memory by default:
+#: below it MPI wins (the crossovers measured in docs/performance.md). Broadcast stays on
+#: MPI: its single-copy broadcast was as fast as any shared-memory variant at every size
+#: measured. ``HPCCOMM_SHM_MIN_BYTES`` sets one threshold for all four.
+DEFAULT_MIN_BYTES = {"all_reduce": 256 * 1024, "reduce_scatter": 256 * 1024,
+                     "all_gather": 1024 * 1024, "broadcast": 1 << 62}
 #: Bytes of one ring slot per rank at two ranks; a slot holds one piece per rank, and
 #: pieces stay at least :data:`MIN_PIECE` bytes at larger groups.
 DEFAULT_CHUNK = 512 * 1024
@@ -100,7 +104,9 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     fits = (enabled() and node.Get_size() == comm.Get_size() and shm_segment.available()
             and shm_segment.space_ok(need))
     if node.allreduce(fits, op=MPI.LAND):
-        piece, min_bytes = node.bcast((piece, _env_int(MIN_BYTES_ENV, DEFAULT_MIN_BYTES)))
+        forced = _env_int(MIN_BYTES_ENV, 0)
+        thresholds = {op: forced or default for op, default in DEFAULT_MIN_BYTES.items()}
+        piece, min_bytes = node.bcast((piece, thresholds))
         try:
             return SharedMemoryCommunicator(comm, timeout, node, piece, min_bytes)
         except OSError:  # every rank gets it (the segment checks with all of them)
@@ -142,10 +148,13 @@ class SharedMemoryCommunicator(MPICommunicator):
     """An MPI communicator whose large collectives run through shared memory."""
 
     def __init__(self, comm: Any, timeout: Optional[float], node: Any, piece_bytes: int,
-                 min_bytes: int):
+                 min_bytes: Dict[str, int]):
         super().__init__(comm, timeout)
         self.node = node
-        self.min_bytes = max(1, min_bytes)
+        self.min_reduce = max(1, min_bytes["all_reduce"])
+        self.min_scatter = max(1, min_bytes["reduce_scatter"])
+        self.min_gather = max(1, min_bytes["all_gather"])
+        self.min_bcast = max(1, min_bytes["broadcast"])
         self.piece_bytes = piece_bytes
         self.slot_bytes = piece_bytes * self.size
         self.slots = SLOTS
@@ -234,7 +243,7 @@ class SharedMemoryCommunicator(MPICommunicator):
 
     # -- collectives ------------------------------------------------------------------
     def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
-        if buf.nbytes < self.min_bytes:
+        if buf.nbytes < self.min_reduce:
             return _guard(MPICommunicator.all_reduce(self, buf, kind, factor))
         flat = buf.reshape(-1)
         return self._start(AllReduce(self, flat, self._reducer(buf.dtype, kind, factor),
@@ -242,7 +251,7 @@ class SharedMemoryCommunicator(MPICommunicator):
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
                        factor: Any, counts: Optional[Sequence[int]]) -> Started:
-        if send.nbytes < self.min_bytes:
+        if send.nbytes < self.min_scatter:
             return _guard(MPICommunicator.reduce_scatter(self, send, recv, kind, factor,
                                                          counts))
         flat = send.reshape(-1)
@@ -252,7 +261,7 @@ class SharedMemoryCommunicator(MPICommunicator):
 
     def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
                    counts: Optional[Sequence[int]]) -> Started:
-        if recv.nbytes < self.min_bytes:
+        if recv.nbytes < self.min_gather:
             return _guard(MPICommunicator.all_gather(self, send, recv, counts))
         flat = recv.reshape(-1)
         mine = send.reshape(-1) if send is not None else None
@@ -267,7 +276,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         return self._start(AllGather(self, mine, flat, counts, where))
 
     def broadcast(self, buf: np.ndarray, root: int) -> Started:
-        if buf.nbytes < self.min_bytes:
+        if buf.nbytes < self.min_bcast:
             return _guard(MPICommunicator.broadcast(self, buf, root))
         flat = buf.reshape(-1)
         return self._start(Broadcast(self, flat, root,

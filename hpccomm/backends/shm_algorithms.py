@@ -212,7 +212,10 @@ class AllReduce(Collective):
     * at two ranks with a private buffer somewhere, *pair*: each rank stages its whole
       chunk and adds the peer's copy into its own, so a chunk waits on one counter
       instead of two and takes two NumPy calls instead of four. Both ranks combine in
-      rank order, so both get the same bits.
+      rank order, so both get the same bits. Measured faster here than reading the
+      peer's private array by cross-memory attach (1.2x MPI against 0.5x at 256 KiB,
+      1.1x against 1.0x at 4 MiB, even at 16 MiB), whose system calls and extra
+      handshakes cost more than the copy they save.
 
     Both use the same chunk numbering (``nch`` is fixed before the choice).
     """
@@ -242,8 +245,13 @@ class AllReduce(Collective):
         """Resolve the peers, then pick the way (``False`` while some peer is missing)."""
         if not self.resolve():
             return False
-        everyone_shared = self.shared is not None and all(
-            self.sources[p] is not None for p in self.peers)
+        sources = self.sources
+        if self.ctx.size == 2:  # in place only when both arrays lie in shared segments
+            everyone_shared = (self.shared is not None and self.shared[0] != 0 and
+                               type(sources[self.peers[0]]) is np.ndarray)
+        else:
+            everyone_shared = self.shared is not None and all(
+                sources[p] is not None for p in self.peers)
         if everyone_shared:
             self.s = self.nch
         elif self.ctx.size == 2:
