@@ -1,10 +1,11 @@
 """Arrays in shared memory: collectives on them skip the copy into shared buffers.
 
-On one node, hpccomm runs large ``all_reduce``, ``reduce_scatter_tensor``,
-``all_gather_into_tensor`` (and ``all_gather``) and ``broadcast`` of CPU arrays through
-shared memory. An ordinary NumPy array is private to its process, so each rank first
-copies what its peers need into a shared buffer. An array made by :func:`empty` already
-lies in memory every rank of the group can read, so the peers read it where it is::
+On one node, hpccomm runs large ``all_reduce``, ``reduce_scatter(_tensor)`` and
+``all_gather(_into_tensor)`` of CPU arrays through shared memory. An ordinary NumPy array
+is private to its process, so a rank either copies what its peers need into a shared
+buffer or, where the kernel allows it, lets them read it by cross-memory attach (a
+system call per chunk). An array made by :func:`empty` already lies in memory every
+rank of the group maps, so the peers read it where it is, with plain loads::
 
     import hpccomm as dist
     import hpccomm.shm
