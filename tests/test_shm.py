@@ -135,13 +135,15 @@ def test_default_thresholds_keep_small_messages_and_broadcast_on_mpi(dist, size)
     if not isinstance(cpu, shm.SharedMemoryCommunicator) or os.environ.get(
             "HPCCOMM_SHM_MIN_BYTES"):
         pytest.skip("the default group does not use the default thresholds here")
+    defaults = dict(shm.DEFAULT_MIN_BYTES)
+    if shm._crowded(size):
+        defaults.update(shm.CROWDED_MIN_BYTES)
     assert (cpu.min_reduce, cpu.min_scatter, cpu.min_gather, cpu.min_bcast) == tuple(
-        shm.DEFAULT_MIN_BYTES[op] for op in ("all_reduce", "reduce_scatter", "all_gather",
-                                             "broadcast"))
+        defaults[op] for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"))
     before = cpu.ops
     small = np.ones(1000)
     dist.all_reduce(small)
-    dist.broadcast(np.ones(1 << 20), src=0)  # 8 MiB: still MPI
+    dist.broadcast(np.ones(1 << 20), src=0)  # broadcast: MPI at any size
     assert cpu.ops == before and (small == size).all()
     big = np.ones(cpu.min_reduce // 8 + 1)
     dist.all_reduce(big)

@@ -50,12 +50,19 @@ ENABLE_ENV = "HPCCOMM_SHM"
 MIN_BYTES_ENV = "HPCCOMM_SHM_MIN_BYTES"
 CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
 
-#: Smallest message (bytes) per operation that goes through shared memory by default:
-#: below it MPI wins (the crossovers measured in docs/performance.md). Broadcast stays on
-#: MPI: its single-copy broadcast was as fast as any shared-memory variant at every size
-#: measured. ``HPCCOMM_SHM_MIN_BYTES`` sets one threshold for all four.
-DEFAULT_MIN_BYTES = {"all_reduce": 256 * 1024, "reduce_scatter": 256 * 1024,
-                     "all_gather": 1024 * 1024, "broadcast": 1 << 62}
+#: Smallest message (bytes) per operation that goes through shared memory by default,
+#: from the interleaved runs in docs/performance.md: all_reduce is faster than MPI from
+#: 16 MiB (1.3-1.4x; 1.8-2.3x at 64 MiB) and at parity or below between 256 KiB and
+#: 4 MiB, so it starts at 8 MiB; reduce_scatter is faster from 256 KiB when every rank
+#: has a core (1.1-2.1x at 2 ranks) but only from 16 MiB when ranks share cores (0.5-1.0x
+#: below at 4 ranks on 2 cores: each handshake may wait for a context switch). all_gather
+#: and broadcast stay on MPI: MPICH's own single-copy algorithms were as fast or faster at
+#: every size measured. ``HPCCOMM_SHM_MIN_BYTES`` sets one threshold for all four.
+NEVER = 1 << 62
+DEFAULT_MIN_BYTES = {"all_reduce": 8 * 1024 * 1024, "reduce_scatter": 256 * 1024,
+                     "all_gather": NEVER, "broadcast": NEVER}
+#: The defaults that differ when the node runs more ranks than it has CPUs.
+CROWDED_MIN_BYTES = {"reduce_scatter": 8 * 1024 * 1024}
 #: Bytes of one ring slot per rank at two ranks; a slot holds one piece per rank, and
 #: pieces stay at least :data:`MIN_PIECE` bytes at larger groups.
 DEFAULT_CHUNK = 512 * 1024
@@ -105,7 +112,10 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
             and shm_segment.space_ok(need))
     if node.allreduce(fits, op=MPI.LAND):
         forced = _env_int(MIN_BYTES_ENV, 0)
-        thresholds = {op: forced or default for op, default in DEFAULT_MIN_BYTES.items()}
+        defaults = dict(DEFAULT_MIN_BYTES)
+        if _crowded(node.Get_size()):
+            defaults.update(CROWDED_MIN_BYTES)
+        thresholds = {op: forced or default for op, default in defaults.items()}
         piece, min_bytes = node.bcast((piece, thresholds))
         try:
             return SharedMemoryCommunicator(comm, timeout, node, piece, min_bytes)
@@ -113,6 +123,17 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
             pass
     node.Free()
     return MPICommunicator(comm, timeout)
+
+
+def _crowded(ranks: int) -> bool:
+    """Whether this node runs more ranks than this process may use CPUs
+    (``HPCCOMM_OVERSUBSCRIBED=1``/``0`` decides instead, as for the poll loop)."""
+    forced = os.environ.get("HPCCOMM_OVERSUBSCRIBED", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(getaffinity(0)) if getaffinity else (os.cpu_count() or 1)
+    return ranks > cpus
 
 
 def _piece_bytes(chunk: int, size: int) -> int:
