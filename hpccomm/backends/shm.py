@@ -5,9 +5,9 @@ that runs all_reduce, reduce_scatter, all_gather and broadcast above a size thre
 per operation through shared memory (:mod:`.shm_algorithms`) and everything else, and
 every smaller message, through MPI as before. :func:`cpu_communicator` is what the group
 layer calls for the "mpi" backend's CPU arrays: it picks this class when the group has
-two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; a plain MPI
-communicator otherwise (groups that span nodes stay on MPI, whose own algorithms are
-hierarchical).
+two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; otherwise an MPI
+communicator that only advances other groups' pending shared-memory work (groups that
+span nodes stay on MPI, whose own algorithms are hierarchical).
 
 Operations return ``(test, finish, keep)`` like every host-side backend: ``test()``
 advances the operation's state machine without waiting, so the caller's deadline,
@@ -15,7 +15,9 @@ advances the operation's state machine without waiting, so the caller's deadline
 in the order they were started (they share one ring), and every ``test()`` of any
 operation of the process (shared-memory or MPI) first advances the pending
 shared-memory operations of every group, so that a rank waiting on a later operation
-still does its part of an earlier one, as MPI's progress engine would.
+still does its part of an earlier one, as MPI's progress engine would; and a
+shared-memory wait probes MPI every few polls, so MPI requests that peers wait on keep
+moving (Open MPI progresses a request only inside MPI calls).
 
 Settings, read when a group is created:
 
@@ -37,7 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import DistBackendError
-from ..types import RedOpType
+from ..types import INTERNAL_TAG, RedOpType
 from ..work import Started
 from . import mpi as _mpi_backend
 from .mpi import MPICommunicator
@@ -72,6 +74,8 @@ SLOTS = 4
 
 #: Whether the MPI path reduces float16 natively (else it stages it in float32, as here).
 _HALF_NATIVE = np.dtype("e") in getattr(_mpi_backend, "_PREDEFINED", {})
+#: A tag nothing is sent with: probing it only runs MPI's progress engine.
+_PROGRESS_TAG = INTERNAL_TAG + 60
 #: Communicators with shared-memory operations under way (advanced by every test()).
 _busy: List["SharedMemoryCommunicator"] = []
 
@@ -104,7 +108,7 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     environments that differ between ranks cannot split a group between two paths.
     """
     if comm.Get_size() < 2:
-        return MPICommunicator(comm, timeout)
+        return ProgressingMPICommunicator(comm, timeout)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())
     need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
@@ -122,7 +126,7 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
         except OSError:  # every rank gets it (the segment checks with all of them)
             pass
     node.Free()
-    return MPICommunicator(comm, timeout)
+    return ProgressingMPICommunicator(comm, timeout)
 
 
 def _crowded(ranks: int) -> bool:
@@ -165,7 +169,53 @@ def _guard(started: Started) -> Started:
     return guarded, finish, keep
 
 
-class SharedMemoryCommunicator(MPICommunicator):
+class ProgressingMPICommunicator(MPICommunicator):
+    """The MPI communicator of a group, whose operations advance the shared-memory
+    operations other groups have pending while they are waited for (as MPI's progress
+    engine advances every pending MPI operation), so a rank waiting here still does its
+    part of an earlier shared-memory collective. Costs one test of a list otherwise."""
+
+    def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
+        return _guard(MPICommunicator.all_reduce(self, buf, kind, factor))
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
+                       factor: Any, counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.reduce_scatter(self, send, recv, kind, factor, counts))
+
+    def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
+                   counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.all_gather(self, send, recv, counts))
+
+    def broadcast(self, buf: np.ndarray, root: int) -> Started:
+        return _guard(MPICommunicator.broadcast(self, buf, root))
+
+    def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Started:
+        return _guard(MPICommunicator.reduce(self, buf, kind, factor, root))
+
+    def gather(self, send: np.ndarray, recv: Optional[np.ndarray], root: int,
+               counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.gather(self, send, recv, root, counts))
+
+    def scatter(self, send: Optional[np.ndarray], recv: np.ndarray, root: int,
+                counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.scatter(self, send, recv, root, counts))
+
+    def all_to_all(self, send: np.ndarray, recv: np.ndarray,
+                   send_counts: Optional[Sequence[int]],
+                   recv_counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.all_to_all(self, send, recv, send_counts, recv_counts))
+
+    def barrier(self) -> Started:
+        return _guard(MPICommunicator.barrier(self))
+
+    def send(self, buf: np.ndarray, dst: int, tag: int) -> Started:
+        return _guard(MPICommunicator.send(self, buf, dst, tag))
+
+    def recv(self, buf: np.ndarray, src: Optional[int], tag: int) -> Started:
+        return _guard(MPICommunicator.recv(self, buf, src, tag))
+
+
+class SharedMemoryCommunicator(ProgressingMPICommunicator):
     """An MPI communicator whose large collectives run through shared memory."""
 
     def __init__(self, comm: Any, timeout: Optional[float], node: Any, piece_bytes: int,
@@ -203,11 +253,17 @@ class SharedMemoryCommunicator(MPICommunicator):
         if self not in _busy:
             _busy.append(self)
 
+        node = self.node
+
         def test() -> bool:
             if not op.done:
                 _progress_all()
                 if op.error is not None:
                     raise op.error
+                if not op.done:
+                    op.idle += 1
+                    if not op.idle & 15:  # let MPI progress other groups' requests that
+                        node.Iprobe(MPI.ANY_SOURCE, _PROGRESS_TAG)  # peers may wait on
             return op.done
         return test, None, op
 
@@ -265,7 +321,7 @@ class SharedMemoryCommunicator(MPICommunicator):
     # -- collectives ------------------------------------------------------------------
     def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
         if buf.nbytes < self.min_reduce:
-            return _guard(MPICommunicator.all_reduce(self, buf, kind, factor))
+            return ProgressingMPICommunicator.all_reduce(self, buf, kind, factor)
         flat = buf.reshape(-1)
         return self._start(AllReduce(self, flat, self._reducer(buf.dtype, kind, factor),
                                      self._shared(flat)))
@@ -273,8 +329,8 @@ class SharedMemoryCommunicator(MPICommunicator):
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
                        factor: Any, counts: Optional[Sequence[int]]) -> Started:
         if send.nbytes < self.min_scatter:
-            return _guard(MPICommunicator.reduce_scatter(self, send, recv, kind, factor,
-                                                         counts))
+            return ProgressingMPICommunicator.reduce_scatter(self, send, recv, kind, factor,
+                                                             counts)
         flat = send.reshape(-1)
         return self._start(ReduceScatter(self, flat, recv.reshape(-1), counts,
                                          self._reducer(send.dtype, kind, factor),
@@ -283,7 +339,7 @@ class SharedMemoryCommunicator(MPICommunicator):
     def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
                    counts: Optional[Sequence[int]]) -> Started:
         if recv.nbytes < self.min_gather:
-            return _guard(MPICommunicator.all_gather(self, send, recv, counts))
+            return ProgressingMPICommunicator.all_gather(self, send, recv, counts)
         flat = recv.reshape(-1)
         mine = send.reshape(-1) if send is not None else None
         if mine is not None:
@@ -298,36 +354,10 @@ class SharedMemoryCommunicator(MPICommunicator):
 
     def broadcast(self, buf: np.ndarray, root: int) -> Started:
         if buf.nbytes < self.min_bcast:
-            return _guard(MPICommunicator.broadcast(self, buf, root))
+            return ProgressingMPICommunicator.broadcast(self, buf, root)
         flat = buf.reshape(-1)
         return self._start(Broadcast(self, flat, root,
                                      self._shared(flat) if self.rank == root else None))
-
-    # -- everything else goes to MPI, advancing pending shared-memory work -------------
-    def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Started:
-        return _guard(MPICommunicator.reduce(self, buf, kind, factor, root))
-
-    def gather(self, send: np.ndarray, recv: Optional[np.ndarray], root: int,
-               counts: Optional[Sequence[int]]) -> Started:
-        return _guard(MPICommunicator.gather(self, send, recv, root, counts))
-
-    def scatter(self, send: Optional[np.ndarray], recv: np.ndarray, root: int,
-                counts: Optional[Sequence[int]]) -> Started:
-        return _guard(MPICommunicator.scatter(self, send, recv, root, counts))
-
-    def all_to_all(self, send: np.ndarray, recv: np.ndarray,
-                   send_counts: Optional[Sequence[int]],
-                   recv_counts: Optional[Sequence[int]]) -> Started:
-        return _guard(MPICommunicator.all_to_all(self, send, recv, send_counts, recv_counts))
-
-    def barrier(self) -> Started:
-        return _guard(MPICommunicator.barrier(self))
-
-    def send(self, buf: np.ndarray, dst: int, tag: int) -> Started:
-        return _guard(MPICommunicator.send(self, buf, dst, tag))
-
-    def recv(self, buf: np.ndarray, src: Optional[int], tag: int) -> Started:
-        return _guard(MPICommunicator.recv(self, buf, src, tag))
 
     # -- arrays in shared memory ---------------------------------------------------------
     def shared_empty(self, shape: Any, dtype: Any) -> np.ndarray:

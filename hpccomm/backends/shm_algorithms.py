@@ -91,6 +91,7 @@ class Collective:
         self.begun = False
         self.done = False
         self.error: Optional[BaseException] = None  # set when the group's engine failed
+        self.idle = 0  # tests that found nothing to do
 
     # -- handshake ------------------------------------------------------------------
     def begin(self) -> None:
