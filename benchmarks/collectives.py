@@ -151,8 +151,9 @@ def main():
     if rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with open(out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
+            fields = list(dict.fromkeys(key for row in rows for key in row))
+            writer = csv.DictWriter(f, fieldnames=fields, restval="")  # not every op has
+            writer.writeheader()                                       # every variant
             writer.writerows(rows)
         meta = dict(ranks=n, mpi=MPI.Get_library_version().splitlines()[0].strip(),
                     torch=torch.__version__, hpccomm=dist.__version__, store="default",

@@ -1,54 +1,86 @@
-"""Memory bandwidth of this machine: NumPy copy, the physical ceiling for large all_reduce.
+"""The physical ceiling of the shared-memory collectives on this machine.
 
-Single process, ``np.copyto(dst, src)`` of float32 arrays; GB/s = bytes copied / time
-(the memory traffic is twice that: one read and one write per byte). The bandwidth with
-all ranks copying at once is measured inside ``collectives.py`` (same processes as the
-collectives) and reported from its ``.json``. Writes ``docs/bench_membw.csv``.
+Run under a launcher, once per rank count (``benchmarks/run_all.sh`` runs 2 and 4)::
+
+    mpiexec -n 2 python benchmarks/membw.py
+
+For each shared-memory operation and size, every rank at once runs the memory traffic
+that a zero-copy algorithm cannot avoid (:func:`hpccomm.bench.ceiling`: for all_reduce at
+two ranks, add the peer's half into mine, then copy the peer's other half in) with
+NumPy on private arrays and no synchronization; the time is the slowest rank's, the
+median of rounds. ``GB/s`` is the operation's size over that time, comparable with the
+algorithm bandwidth of the collectives. The same ceiling is measured again inside
+``benchmarks/collectives.py`` (the ``ceiling`` variant), interleaved with the
+collectives, which is what the plot and the verdicts use; this script gives the curve
+over sizes on its own, plus rank 0's single-process ``np.copyto`` rate for reference.
+Appends its rows for this rank count to ``docs/bench_membw.csv`` (replacing older ones).
 """
 from __future__ import annotations
 
 import csv
-import json
-import glob
 import os
 import statistics
 import time
 
 import numpy as np
+from mpi4py import MPI
+
+from hpccomm.bench import SHM_OPS, ceiling
 
 KiB, MiB = 1024, 1024 * 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOCS = os.path.normpath(os.path.join(HERE, "..", "docs"))
+SIZES = [256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+FIELDS = ["ranks", "what", "bytes", "us", "GBs"]
 
 
-def copy_gbs(nbytes, repeats=21):
-    src = np.ones(nbytes // 4, np.float32)
-    dst = np.empty_like(src)
-    inner = max(1, (64 * MiB) // nbytes)
-    np.copyto(dst, src)
+def timed(comm, fn, nbytes, rounds=15):
+    """Median over rounds of the slowest rank's seconds per call."""
+    inner = max(1, int(0.01 / max(nbytes / 5e9, 1e-7)))
+    fn()
     samples = []
-    for _ in range(repeats):
+    for _ in range(rounds):
+        comm.Barrier()
         t0 = time.perf_counter_ns()
         for _ in range(inner):
-            np.copyto(dst, src)
-        samples.append((time.perf_counter_ns() - t0) * 1e-9 / inner)
-    return nbytes / statistics.median(samples) / 1e9
+            fn()
+        samples.append(comm.allreduce((time.perf_counter_ns() - t0) * 1e-9 / inner,
+                                      op=MPI.MAX))
+    return statistics.median(samples)
 
 
 def main():
-    rows = [dict(what="NumPy copy, 1 process", bytes=n, GBs=copy_gbs(n))
-            for n in (256 * KiB, 2 * MiB, 16 * MiB, 64 * MiB)]
-    for path in sorted(glob.glob(os.path.join(DOCS, "bench_collectives_n*.json"))):
-        meta = json.load(open(path))
-        if meta.get("copy_GBs_all_ranks"):
-            rows.append(dict(what=f"NumPy copy, {meta['ranks']} ranks at once (per rank)",
-                             bytes=64 * MiB, GBs=meta["copy_GBs_all_ranks"]))
-    with open(os.path.join(DOCS, "bench_membw.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["what", "bytes", "GBs"])
-        writer.writeheader()
-        writer.writerows(rows)
-    for r in rows:
-        print(f"{r['what']:45s} {r['bytes'] // KiB:>8d} KiB {r['GBs']:7.2f} GB/s")
+    comm = MPI.COMM_WORLD
+    n, rank = comm.size, comm.rank
+    rows = []
+    for op in SHM_OPS:
+        for nbytes in SIZES:
+            count = -(-(nbytes // 4) // n) * n
+            run, keep = ceiling(op, count, n, rank)
+            seconds = timed(comm, run, nbytes)
+            rows.append(dict(ranks=n, what=f"ceiling of {op}", bytes=count * 4,
+                             us=round(seconds * 1e6, 2), GBs=round(count * 4 / seconds / 1e9, 3)))
+            del keep
+    if rank == 0:
+        for nbytes in SIZES:
+            src = np.ones(nbytes // 4, np.float32)
+            dst = np.empty_like(src)
+            seconds = timed(MPI.COMM_SELF, lambda: np.copyto(dst, src), nbytes)
+            rows.append(dict(ranks=1, what="np.copyto, one process alone", bytes=nbytes,
+                             us=round(seconds * 1e6, 2), GBs=round(nbytes / seconds / 1e9, 3)))
+        path = os.path.join(DOCS, "bench_membw.csv")
+        old = []
+        if os.path.exists(path):
+            with open(path, newline="") as f:
+                old = [r for r in csv.DictReader(f) if set(r) == set(FIELDS)
+                       and int(r["ranks"]) not in (n, 1)]
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(old + rows)
+        for r in rows:
+            print(f"{r['ranks']} ranks  {r['what']:38s} {r['bytes'] // KiB:>8d} KiB "
+                  f"{r['us']:>10.1f} us {r['GBs']:8.2f} GB/s")
 
 
 if __name__ == "__main__":

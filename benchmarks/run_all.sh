@@ -17,5 +17,6 @@ echo "== collectives, 4 ranks"; "$MPIEXEC" -n 4 "$PYTHON" benchmarks/collectives
 if [ -z "${SKIP_INIT:-}" ]; then  # SKIP_INIT=1 keeps docs/bench_init.csv (slowest part)
   echo "== init time";          "$PYTHON" benchmarks/init_time.py --driver --sizes 2,4,8,16 --repeats 3 --mpiexec "$MPIEXEC"
 fi
-echo "== memory bandwidth";     "$PYTHON" benchmarks/membw.py
+echo "== memory ceiling, 2 ranks"; "$MPIEXEC" -n 2 "$PYTHON" benchmarks/membw.py
+echo "== memory ceiling, 4 ranks"; "$MPIEXEC" -n 4 "$PYTHON" benchmarks/membw.py
 echo "== report";               "$PYTHON" benchmarks/report.py

@@ -16,6 +16,16 @@ and the best round. Variants:
 * ``mpi4py_nb``     the same nonblocking call + ``Wait`` (``comm.Iallreduce(...).Wait()``)
 * ``gloo``          ``torch.distributed`` with the gloo backend (``--gloo``; needs torch)
 
+and, printed after those (:data:`SHM_VARIANTS`):
+
+* ``hpccomm_noshm``  ``dist.all_reduce(a, group=plain)`` on a group of every rank made with
+  ``HPCCOMM_SHM=0``: what hpccomm does through MPI alone
+* ``hpccomm_window`` the same operation on arrays from ``hpccomm.shm.empty`` (read in
+  place by the peers: no copy into shared memory); shared-memory operations only
+* ``ceiling``        the memory traffic a zero-copy algorithm cannot avoid, done by NumPy on
+  private arrays with every rank busy and no synchronization (:func:`ceiling`): the
+  physical bound of the shared-memory path, measured in the same run
+
 Sizes follow nccl-tests: all_gather's is the whole output, reduce_scatter's the whole
 input, all_to_all's the whole per-rank buffer, with element counts rounded up to a
 multiple of the group size. ``busbw = size / time * factor`` (:data:`BUS_FACTOR`).
@@ -33,10 +43,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 KiB, MiB = 1024, 1024 * 1024
-DEFAULT_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 2 * MiB, 16 * MiB, 64 * MiB]
+DEFAULT_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
+                 16 * MiB, 64 * MiB]
 OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
        "all_to_all_single", "send_recv"]
 VARIANTS = ["hpccomm", "hpccomm_async", "mpi4py", "mpi4py_nb", "gloo"]
+SHM_VARIANTS = ["hpccomm_noshm", "hpccomm_window", "ceiling"]
+#: Operations that hpccomm runs through shared memory on one node.
+SHM_OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
 #: nccl-tests' bus-bandwidth factors, by group size ``n``.
 BUS_FACTOR: Dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -65,11 +79,15 @@ def init_gloo(comm: Any) -> Any:
     return td
 
 
-def make_case(op: str, nbytes: int, comm: Any, td: Any = None
+def make_case(op: str, nbytes: int, comm: Any, td: Any = None, plain: Any = None,
+              arena: Optional[np.ndarray] = None
               ) -> Tuple[int, Dict[str, Callable[[], Any]], Any]:
     """``(bytes, {variant: one operation}, buffers to keep)`` for ``op`` at ``nbytes``.
 
     Every variant works on the same NumPy buffers; gloo on ``torch.from_numpy`` views.
+    ``plain`` (a group made with ``HPCCOMM_SHM=0``) adds ``hpccomm_noshm``; ``arena`` (a
+    float32 array from ``hpccomm.shm.empty``, at least twice the size) adds
+    ``hpccomm_window`` and ``ceiling`` for the shared-memory operations.
     """
     from mpi4py import MPI
 
@@ -90,6 +108,11 @@ def make_case(op: str, nbytes: int, comm: Any, td: Any = None
         fns["mpi4py"] = lambda: comm.Allreduce(in_place, a)
         fns["mpi4py_nb"] = lambda: comm.Iallreduce(in_place, a).Wait()
         fns["gloo"] = lambda: td.all_reduce(t)
+        fns["hpccomm_noshm"] = lambda: collectives.all_reduce(a, group=plain)
+        if arena is not None:
+            w = arena[:count]
+            w[...] = 0
+            fns["hpccomm_window"] = lambda: collectives.all_reduce(w)
         keep: Any = (a, t)
     elif op == "broadcast":
         a = np.zeros(count, np.float32)
@@ -99,6 +122,11 @@ def make_case(op: str, nbytes: int, comm: Any, td: Any = None
         fns["mpi4py"] = lambda: comm.Bcast(a, 0)
         fns["mpi4py_nb"] = lambda: comm.Ibcast(a, 0).Wait()
         fns["gloo"] = lambda: td.broadcast(t, 0)
+        fns["hpccomm_noshm"] = lambda: collectives.broadcast(a, 0, group=plain)
+        if arena is not None:
+            w = arena[:count]
+            w[...] = 0
+            fns["hpccomm_window"] = lambda: collectives.broadcast(w, 0)
         keep = (a, t)
     elif op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
         big, small = np.zeros(count, np.float32), np.zeros(count // n, np.float32)
@@ -121,15 +149,68 @@ def make_case(op: str, nbytes: int, comm: Any, td: Any = None
         fns["mpi4py"] = lambda: raw(*mpi_args)
         fns["mpi4py_nb"] = lambda: rawnb(*mpi_args).Wait()
         fns["gloo"] = lambda: getattr(td, op)(tout, tinp)
+        fns["hpccomm_noshm"] = lambda: hp(out, inp, group=plain)
+        if arena is not None and op != "all_to_all_single":
+            wout, winp = arena[:out.size], arena[out.size:out.size + inp.size]
+            wout[...], winp[...] = 0, 0
+            fns["hpccomm_window"] = lambda: hp(wout, winp)
         keep = (out, inp, tout, tinp)
     elif op == "send_recv":
         a = np.zeros(count, np.float32)
         t = view(a)
-        fns.update(_ping_pong(p2p, comm, td, a, t, rank, n))
+        fns.update(_ping_pong(p2p, comm, td, a, t, rank, n, plain))
         keep = (a, t)
     else:
         raise ValueError(f"unknown operation {op!r}; choose from {', '.join(OPS)}")
+    if plain is None:
+        fns.pop("hpccomm_noshm", None)
+    if op in SHM_OPS and arena is not None:
+        fns["ceiling"], bound = ceiling(op, count, n, rank)
+        keep = (keep, bound)
     return count * 4, fns, keep
+
+
+def ceiling(op: str, count: int, n: int, rank: int) -> Tuple[Callable[[], Any], Any]:
+    """``(one operation, buffers)``: the memory traffic of ``op`` on ``count`` float32
+    elements that reading the peers' arrays in place cannot avoid, done by NumPy on this
+    rank's private arrays (stand-ins for the ``n - 1`` peers' ones) with no
+    synchronization. Every rank runs it at once, so it is the bound of a shared-memory
+    algorithm on this machine:
+
+    * all_reduce: reduce my part from ``n`` inputs, copy the ``n - 1`` other parts in;
+    * reduce_scatter_tensor: reduce my part from ``n`` inputs into the output;
+    * all_gather_into_tensor: copy the ``n - 1`` other blocks in;
+    * broadcast: copy the whole buffer in (the root does nothing; the slowest rank counts).
+    """
+    part = count // n
+    mine = slice(rank * part, (rank + 1) * part)
+    others = [slice(q * part, (q + 1) * part) for q in range(n) if q != rank]
+    own = np.zeros(count, np.float32)
+    peers = [np.zeros(count, np.float32) for _ in range(n - 1)]
+    if op == "all_reduce":
+        def run() -> None:
+            target = own[mine]
+            for peer in peers:
+                np.add(target, peer[mine], out=target)
+            for peer, where in zip(peers, others):
+                np.copyto(own[where], peer[where])
+    elif op == "reduce_scatter_tensor":
+        out = np.zeros(part, np.float32)
+
+        def run() -> None:
+            np.add(own[mine], peers[0][mine], out=out)
+            for peer in peers[1:]:
+                np.add(out, peer[mine], out=out)
+        return run, (own, peers, out)
+    elif op == "all_gather_into_tensor":
+        def run() -> None:
+            for peer, where in zip(peers, others):
+                np.copyto(own[where], peer[where])
+    else:  # broadcast
+        def run() -> None:
+            if rank != 0:
+                np.copyto(own, peers[0])
+    return run, (own, peers)
 
 
 def _torch_view(a: np.ndarray) -> Any:
@@ -139,11 +220,11 @@ def _torch_view(a: np.ndarray) -> Any:
 
 
 def _ping_pong(p2p: Any, comm: Any, td: Any, a: np.ndarray, t: Any, rank: int,
-               n: int) -> Dict[str, Callable[[], Any]]:
+               n: int, plain: Any = None) -> Dict[str, Callable[[], Any]]:
     """Send then receive (even ranks) or receive then send (odd), with rank ^ 1."""
     peer = rank ^ 1
     if peer >= n:  # an odd last rank idles
-        return {v: (lambda: None) for v in VARIANTS}
+        return {v: (lambda: None) for v in VARIANTS + SHM_VARIANTS}
     pairs = {
         "hpccomm": (lambda: p2p.send(a, peer), lambda: p2p.recv(a, peer)),
         "hpccomm_async": (lambda: p2p.isend(a, peer).wait(),
@@ -151,6 +232,8 @@ def _ping_pong(p2p: Any, comm: Any, td: Any, a: np.ndarray, t: Any, rank: int,
         "mpi4py": (lambda: comm.Send(a, peer), lambda: comm.Recv(a, peer)),
         "mpi4py_nb": (lambda: comm.Isend(a, peer).Wait(), lambda: comm.Irecv(a, peer).Wait()),
         "gloo": (lambda: td.send(t, peer), lambda: td.recv(t, peer)),
+        "hpccomm_noshm": (lambda: p2p.send(a, peer, group=plain),
+                          lambda: p2p.recv(a, peer, group=plain)),
     }
 
     def round_trip(send: Callable[[], Any], recv: Callable[[], Any]) -> Callable[[], Any]:
@@ -251,11 +334,13 @@ def run(ops: Sequence[str], sizes: Sequence[int], td: Any = None, budget: float 
         init_process_group()
     comm = MPI.COMM_WORLD.Dup()
     gloo = td is not None
-    variants = [v for v in VARIANTS if gloo or v != "gloo"]
+    plain, arena = shm_setup(comm, ops, sizes)
     rows = []
     for op in ops:
         for nbytes in sizes:
-            actual, fns, keep = make_case(op, nbytes, comm, td)
+            actual, fns, keep = make_case(op, nbytes, comm, td, plain, arena)
+            variants = [v for v in VARIANTS + SHM_VARIANTS
+                        if v in fns and (gloo or v != "gloo")]
             inner, rounds, median, best = measure(
                 comm, {v: fns[v] for v in variants}, nbytes, budget)
             del keep
@@ -273,11 +358,47 @@ def run(ops: Sequence[str], sizes: Sequence[int], td: Any = None, budget: float 
             row["hpccomm_async_over_mpi4py_bw"] = median["mpi4py"] / median["hpccomm_async"]
             if gloo:
                 row["gloo_over_hpccomm_time"] = median["gloo"] / median["hpccomm"]
+            if "hpccomm_noshm" in median:
+                row["noshm_over_mpi4py_bw"] = median["mpi4py"] / median["hpccomm_noshm"]
+            if "hpccomm_window" in median:
+                row["window_over_mpi4py_bw"] = median["mpi4py"] / median["hpccomm_window"]
+            if "ceiling" in median:
+                row["window_of_ceiling"] = median["ceiling"] / median["hpccomm_window"]
+                row["hpccomm_of_ceiling"] = median["ceiling"] / median["hpccomm"]
             rows.append(row)
             if report is not None:
                 report(row)
     comm.Free()
     return rows
+
+
+def shm_setup(comm: Any, ops: Sequence[str], sizes: Sequence[int]
+              ) -> Tuple[Any, Optional[np.ndarray]]:
+    """``(group of every rank with HPCCOMM_SHM=0, float32 array in shared memory)``; the
+    array is ``None`` when the default group does not use shared memory (several nodes,
+    or ``HPCCOMM_SHM=0``). One array serves every case, so it is allocated once."""
+    import os
+
+    from . import shm
+    from .group import new_group
+
+    saved = os.environ.get("HPCCOMM_SHM")
+    os.environ["HPCCOMM_SHM"] = "0"
+    try:
+        plain = new_group(list(range(comm.size)))
+    finally:
+        if saved is None:
+            del os.environ["HPCCOMM_SHM"]
+        else:
+            os.environ["HPCCOMM_SHM"] = saved
+    arena = None
+    if any(op in SHM_OPS for op in ops):
+        count = max(1, max(sizes) // 4)
+        count = -(-count // comm.size) * comm.size
+        arena = shm.empty(2 * count + comm.size, np.float32)
+        if not shm.is_shared(arena):
+            arena = None
+    return plain, arena
 
 
 def format_row(row: Dict[str, Any]) -> str:
@@ -289,14 +410,23 @@ def format_row(row: Dict[str, Any]) -> str:
     cells.append(f"{row['hpccomm_over_mpi4py_bw']:8.3f}")
     if "gloo_over_hpccomm_time" in row:
         cells.append(f"{row['gloo_over_hpccomm_time']:8.1f}x")
+    for v in SHM_VARIANTS:
+        cells.append(f"{row[f'{v}_us']:10.2f}" if f"{v}_us" in row else f"{'-':>10s}")
+    for key in ("noshm_over_mpi4py_bw", "window_of_ceiling"):
+        cells.append(f"{row[key]:8.3f}" if key in row else f"{'-':>8s}")
     return " ".join(cells)
 
 
 def header(gloo: bool) -> str:
     names = ["hpccomm", "async", "mpi4py", "mpi4py nb"] + (["gloo"] if gloo else [])
     tail = ["hp/mpi bw"] + (["gloo/hp"] if gloo else [])
+    shm = ["SHM=0", "window", "ceiling"]
+    shm_tail = ["=0/mpi bw", "win/ceil"]
     return " ".join([f"{'operation':22s}", f"{'size':>8s}"] + [f"{n:>10s}" for n in names] +
-                    [f"{t:>8s}" for t in tail]) + "\n" + " " * 32 + "(median µs per operation)"
+                    [f"{t:>8s}" for t in tail] + [f"{n:>10s}" for n in shm] +
+                    [f"{t:>8s}" for t in shm_tail]) + "\n" + " " * 32 + \
+        "(median µs per operation; SHM=0: hpccomm through MPI alone; window: arrays from " \
+        "hpccomm.shm.empty; ceiling: the memory traffic alone)"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -308,7 +438,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, or 'all' ({', '.join(OPS)}); default all_reduce")
     p.add_argument("--sizes", default="8,4K,256K,2M",
                    help="comma-separated byte sizes (8, 4K, 2M...), or 'all' (8 B to 64 MiB "
-                        "in powers of 8); default 8,4K,256K,2M")
+                        "in powers of 8, plus 1, 4 and 64 MiB); default 8,4K,256K,2M")
     p.add_argument("--budget", type=float, default=0.5,
                    help="seconds of measuring per (operation, size); default 0.5")
     p.add_argument("--gloo", action="store_true",

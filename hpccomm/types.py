@@ -142,7 +142,7 @@ class Backend(str):
     #: name -> (creator, devices, extended_api). Built-ins point at their modules so
     #: nothing heavy is imported before a group of that backend is made.
     _plugins: Dict[str, "tuple[Union[str, Callable[..., Any]], List[str], bool]"] = {
-        "mpi": ("hpccomm.backends.mpi:MPICommunicator", ["cpu", "cuda"], True),
+        "mpi": ("hpccomm.backends.shm:cpu_communicator", ["cpu", "cuda"], True),
         "nccl": ("hpccomm.backends.nccl:NCCLCommunicator", ["cuda"], True),
     }
     _aliases = {"gloo": "mpi", "undefined": "mpi"}

@@ -1,0 +1,389 @@
+"""The CPU communicator of a group whose ranks share one node: shared memory above a size.
+
+:class:`SharedMemoryCommunicator` is an :class:`~hpccomm.backends.mpi.MPICommunicator`
+that runs all_reduce, reduce_scatter, all_gather and broadcast above a size threshold
+per operation through shared memory (:mod:`.shm_algorithms`) and everything else, and
+every smaller message, through MPI as before. :func:`cpu_communicator` is what the group
+layer calls for the "mpi" backend's CPU arrays: it picks this class when the group has
+two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; otherwise an MPI
+communicator that only advances other groups' pending shared-memory work (groups that
+span nodes stay on MPI, whose own algorithms are hierarchical).
+
+Operations return ``(test, finish, keep)`` like every host-side backend: ``test()``
+advances the operation's state machine without waiting, so the caller's deadline,
+``async_op`` and the flight recorder work unchanged. Operations of one communicator run
+in the order they were started (they share one ring), and every ``test()`` of any
+operation of the process (shared-memory or MPI) first advances the pending
+shared-memory operations of every group, so that a rank waiting on a later operation
+still does its part of an earlier one, as MPI's progress engine would; and a
+shared-memory wait probes MPI every few polls, so MPI requests that peers wait on keep
+moving (Open MPI progresses a request only inside MPI calls).
+
+Settings, read when a group is created:
+
+* ``HPCCOMM_SHM=0``: never use shared memory;
+* ``HPCCOMM_SHM_MIN_BYTES``: messages of at least this many bytes go through shared
+  memory, for all four operations (defaults per operation: :data:`DEFAULT_MIN_BYTES`;
+  tests set it to 1);
+* ``HPCCOMM_SHM_CHUNK``: bytes of one ring slot (:data:`DEFAULT_CHUNK`).
+"""
+from __future__ import annotations
+
+import collections
+import math
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import DistBackendError
+from ..types import INTERNAL_TAG, RedOpType
+from ..work import Started
+from . import mpi as _mpi_backend
+from .mpi import MPICommunicator
+from . import shm_cma, shm_segment
+from .shm_algorithms import AllGather, AllReduce, Broadcast, Collective, ReduceScatter
+from .shm_reduce import Reducer
+from .shm_segment import Segment, rendezvous
+
+ENABLE_ENV = "HPCCOMM_SHM"
+MIN_BYTES_ENV = "HPCCOMM_SHM_MIN_BYTES"
+CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
+
+#: Smallest message (bytes) per operation that goes through shared memory by default,
+#: from the interleaved runs in docs/performance.md: all_reduce is faster than MPI from
+#: 16 MiB (1.3-1.4x; 1.8-2.3x at 64 MiB) and at parity or below between 256 KiB and
+#: 4 MiB, so it starts at 8 MiB; reduce_scatter is faster from 256 KiB when every rank
+#: has a core (1.1-2.1x at 2 ranks) but only from 16 MiB when ranks share cores (0.5-1.0x
+#: below at 4 ranks on 2 cores: each handshake may wait for a context switch). all_gather
+#: and broadcast stay on MPI: MPICH's own single-copy algorithms were as fast or faster at
+#: every size measured. ``HPCCOMM_SHM_MIN_BYTES`` sets one threshold for all four.
+NEVER = 1 << 62
+DEFAULT_MIN_BYTES = {"all_reduce": 8 * 1024 * 1024, "reduce_scatter": 256 * 1024,
+                     "all_gather": NEVER, "broadcast": NEVER}
+#: The defaults that differ when the node runs more ranks than it has CPUs.
+CROWDED_MIN_BYTES = {"reduce_scatter": 8 * 1024 * 1024}
+#: Bytes of one ring slot per rank at two ranks; a slot holds one piece per rank, and
+#: pieces stay at least :data:`MIN_PIECE` bytes at larger groups.
+DEFAULT_CHUNK = 512 * 1024
+MIN_PIECE = 64 * 1024
+#: Ring slots per rank.
+SLOTS = 4
+
+#: Whether the MPI path reduces float16 natively (else it stages it in float32, as here).
+_HALF_NATIVE = np.dtype("e") in getattr(_mpi_backend, "_PREDEFINED", {})
+#: A tag nothing is sent with: probing it only runs MPI's progress engine.
+_PROGRESS_TAG = INTERNAL_TAG + 60
+#: Communicators with shared-memory operations under way (advanced by every test()).
+_busy: List["SharedMemoryCommunicator"] = []
+
+
+def _env_int(name: str, default: int) -> int:
+    """A byte count from the environment; a malformed one warns and keeps the default
+    (raising on one rank would leave the others waiting in the group's creation)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(float(text))
+    except ValueError:
+        warnings.warn(f"hpccomm: {name}={text!r} is not a number of bytes; using {default}",
+                      stacklevel=2)
+        return default
+
+
+def enabled() -> bool:
+    """Whether ``HPCCOMM_SHM`` allows the shared-memory path (default: yes)."""
+    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunicator:
+    """The communicator for a group's CPU arrays (collective over ``comm``).
+
+    Shared memory when every rank of ``comm`` is on this node, there are at least two,
+    ``HPCCOMM_SHM`` allows it on every rank and ``/dev/shm`` has room; MPI otherwise.
+    The ranks agree on the choice and take rank 0's chunk and threshold settings, so
+    environments that differ between ranks cannot split a group between two paths.
+    """
+    if comm.Get_size() < 2:
+        return ProgressingMPICommunicator(comm, timeout)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())
+    need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
+    fits = (enabled() and node.Get_size() == comm.Get_size() and shm_segment.available()
+            and shm_segment.space_ok(need))
+    if node.allreduce(fits, op=MPI.LAND):
+        forced = _env_int(MIN_BYTES_ENV, 0)
+        defaults = dict(DEFAULT_MIN_BYTES)
+        if _crowded(node.Get_size()):
+            defaults.update(CROWDED_MIN_BYTES)
+        thresholds = {op: forced or default for op, default in defaults.items()}
+        piece, min_bytes = node.bcast((piece, thresholds))
+        try:
+            return SharedMemoryCommunicator(comm, timeout, node, piece, min_bytes)
+        except OSError:  # every rank gets it (the segment checks with all of them)
+            pass
+    node.Free()
+    return ProgressingMPICommunicator(comm, timeout)
+
+
+def _crowded(ranks: int) -> bool:
+    """Whether this node runs more ranks than this process may use CPUs
+    (``HPCCOMM_OVERSUBSCRIBED=1``/``0`` decides instead, as for the poll loop)."""
+    forced = os.environ.get("HPCCOMM_OVERSUBSCRIBED", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(getaffinity(0)) if getaffinity else (os.cpu_count() or 1)
+    return ranks > cpus
+
+
+def _piece_bytes(chunk: int, size: int) -> int:
+    """Bytes of one rank's piece of a ring slot: the slot split per rank, cache-line
+    aligned; by default (``chunk`` 0) at least :data:`MIN_PIECE`."""
+    if chunk <= 0:
+        return max(MIN_PIECE, DEFAULT_CHUNK // size) // 64 * 64
+    return max(64, chunk // size // 64 * 64)
+
+
+def _progress_all() -> None:
+    if len(_busy) == 1:
+        _busy[0]._advance()
+        return
+    for communicator in tuple(_busy):
+        communicator._advance()
+
+
+def _guard(started: Started) -> Started:
+    """An MPI operation's triple whose ``test`` first advances pending shared-memory
+    operations (only while there are some)."""
+    if not _busy:
+        return started
+    test, finish, keep = started
+
+    def guarded() -> bool:
+        _progress_all()
+        return test()
+    return guarded, finish, keep
+
+
+class ProgressingMPICommunicator(MPICommunicator):
+    """The MPI communicator of a group, whose operations advance the shared-memory
+    operations other groups have pending while they are waited for (as MPI's progress
+    engine advances every pending MPI operation), so a rank waiting here still does its
+    part of an earlier shared-memory collective. Costs one test of a list otherwise."""
+
+    def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
+        return _guard(MPICommunicator.all_reduce(self, buf, kind, factor))
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
+                       factor: Any, counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.reduce_scatter(self, send, recv, kind, factor, counts))
+
+    def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
+                   counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.all_gather(self, send, recv, counts))
+
+    def broadcast(self, buf: np.ndarray, root: int) -> Started:
+        return _guard(MPICommunicator.broadcast(self, buf, root))
+
+    def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Started:
+        return _guard(MPICommunicator.reduce(self, buf, kind, factor, root))
+
+    def gather(self, send: np.ndarray, recv: Optional[np.ndarray], root: int,
+               counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.gather(self, send, recv, root, counts))
+
+    def scatter(self, send: Optional[np.ndarray], recv: np.ndarray, root: int,
+                counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.scatter(self, send, recv, root, counts))
+
+    def all_to_all(self, send: np.ndarray, recv: np.ndarray,
+                   send_counts: Optional[Sequence[int]],
+                   recv_counts: Optional[Sequence[int]]) -> Started:
+        return _guard(MPICommunicator.all_to_all(self, send, recv, send_counts, recv_counts))
+
+    def barrier(self) -> Started:
+        return _guard(MPICommunicator.barrier(self))
+
+    def send(self, buf: np.ndarray, dst: int, tag: int) -> Started:
+        return _guard(MPICommunicator.send(self, buf, dst, tag))
+
+    def recv(self, buf: np.ndarray, src: Optional[int], tag: int) -> Started:
+        return _guard(MPICommunicator.recv(self, buf, src, tag))
+
+
+class SharedMemoryCommunicator(ProgressingMPICommunicator):
+    """An MPI communicator whose large collectives run through shared memory."""
+
+    def __init__(self, comm: Any, timeout: Optional[float], node: Any, piece_bytes: int,
+                 min_bytes: Dict[str, int]):
+        super().__init__(comm, timeout)
+        self.node = node
+        self.min_reduce = max(1, min_bytes["all_reduce"])
+        self.min_scatter = max(1, min_bytes["reduce_scatter"])
+        self.min_gather = max(1, min_bytes["all_gather"])
+        self.min_bcast = max(1, min_bytes["broadcast"])
+        self.piece_bytes = piece_bytes
+        self.slot_bytes = piece_bytes * self.size
+        self.slots = SLOTS
+        self.ring = Segment(node, self.slots * self.slot_bytes)
+        self.words, self.regions = self.ring.words, self.ring.regions
+        self.fenced = self.ring.fenced
+        self.fence = self.ring.fence if self.fenced else _nothing
+        self.user_segments: List[Optional[Segment]] = [None]  # index 0: none
+        #: Every rank's pid when ranks can read each other's memory (cross-memory attach):
+        #: private buffers are then read in place too, with no copy into shared memory.
+        self.pids = shm_cma.probe(node)
+        self._scratch: Dict[int, np.ndarray] = {}
+        self.chunks = 0  # chunks numbered so far (every rank alike)
+        self.ops = 0  # shared-memory operations started so far
+        self.queue: "collections.deque[Collective]" = collections.deque()
+        self.failed: Optional[BaseException] = None
+        self._reducers: Dict[Any, Reducer] = {}
+
+    # -- the engine -------------------------------------------------------------------
+    def _start(self, op: Collective) -> Started:
+        if self.failed is not None:
+            raise DistBackendError(f"an earlier shared-memory operation of this group "
+                                   f"failed ({self.failed}); the group is unusable")
+        self.queue.append(op)
+        if self not in _busy:
+            _busy.append(self)
+
+        node = self.node
+
+        def test() -> bool:
+            if not op.done:
+                _progress_all()
+                if op.error is not None:
+                    raise op.error
+                if not op.done:
+                    op.idle += 1
+                    if not op.idle & 15:  # let MPI progress other groups' requests that
+                        node.Iprobe(MPI.ANY_SOURCE, _PROGRESS_TAG)  # peers may wait on
+            return op.done
+        return test, None, op
+
+    def _advance(self) -> None:
+        """Advance the operations in order, as far as each can go without waiting."""
+        queue = self.queue
+        try:
+            while queue and queue[0].step():
+                queue.popleft()
+        except Exception as exc:  # raised by each pending operation's own test()
+            self.failed = exc
+            for pending in queue:
+                pending.error = exc
+            queue.clear()
+        if not queue:
+            self._idle()
+
+    def _idle(self) -> None:
+        if self in _busy:
+            _busy.remove(self)
+
+    def _shared(self, arr: np.ndarray) -> Optional[tuple]:
+        """Where peers read ``arr`` in place: ``(segment index, offset)`` when it lies in
+        one of this group's segments, ``(0, address)`` when they can read this process's
+        memory (cross-memory attach), ``None`` when it must be staged."""
+        segments = self.user_segments
+        for index in range(1, len(segments)):
+            offset = segments[index].owns(arr)
+            if offset is not None:
+                return index, offset
+        if self.pids is not None:
+            return 0, arr.ctypes.data
+        return None
+
+    def in_segment(self, arr: np.ndarray) -> bool:
+        """Whether ``arr`` lies in one of this group's segments (hpccomm.shm.empty)."""
+        return any(segment.owns(arr) is not None for segment in self.user_segments[1:])
+
+    def scratch(self, peer: int, nbytes: int) -> np.ndarray:
+        """This rank's buffer for chunks read from ``peer`` (grown as needed)."""
+        found = self._scratch.get(peer)
+        if found is None or found.nbytes < nbytes:
+            found = self._scratch[peer] = np.empty(max(nbytes, self.slot_bytes), np.uint8)
+        return found[:nbytes]
+
+    def _reducer(self, dtype: Any, kind: RedOpType, factor: Any) -> Reducer:
+        if factor is not None:
+            return Reducer(dtype, kind, factor, self.size, _HALF_NATIVE)
+        key = (dtype, kind)
+        found = self._reducers.get(key)
+        if found is None:
+            found = self._reducers[key] = Reducer(dtype, kind, None, self.size, _HALF_NATIVE)
+        return found
+
+    # -- collectives ------------------------------------------------------------------
+    def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
+        if buf.nbytes < self.min_reduce:
+            return ProgressingMPICommunicator.all_reduce(self, buf, kind, factor)
+        flat = buf.reshape(-1)
+        return self._start(AllReduce(self, flat, self._reducer(buf.dtype, kind, factor),
+                                     self._shared(flat)))
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
+                       factor: Any, counts: Optional[Sequence[int]]) -> Started:
+        if send.nbytes < self.min_scatter:
+            return ProgressingMPICommunicator.reduce_scatter(self, send, recv, kind, factor,
+                                                             counts)
+        flat = send.reshape(-1)
+        return self._start(ReduceScatter(self, flat, recv.reshape(-1), counts,
+                                         self._reducer(send.dtype, kind, factor),
+                                         self._shared(flat)))
+
+    def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
+                   counts: Optional[Sequence[int]]) -> Started:
+        if recv.nbytes < self.min_gather:
+            return ProgressingMPICommunicator.all_gather(self, send, recv, counts)
+        flat = recv.reshape(-1)
+        mine = send.reshape(-1) if send is not None else None
+        if mine is not None:
+            where = self._shared(mine)
+        else:
+            where = self._shared(flat)
+            if where is not None:  # in place: the descriptor points at this rank's block
+                start = (sum(counts[:self.rank]) if counts is not None
+                         else flat.size // self.size * self.rank)
+                where = (where[0], where[1] + start * flat.itemsize)
+        return self._start(AllGather(self, mine, flat, counts, where))
+
+    def broadcast(self, buf: np.ndarray, root: int) -> Started:
+        if buf.nbytes < self.min_bcast:
+            return ProgressingMPICommunicator.broadcast(self, buf, root)
+        flat = buf.reshape(-1)
+        return self._start(Broadcast(self, flat, root,
+                                     self._shared(flat) if self.rank == root else None))
+
+    # -- arrays in shared memory ---------------------------------------------------------
+    def shared_empty(self, shape: Any, dtype: Any) -> np.ndarray:
+        """A new array in shared memory of this group (collective; see hpccomm.shm)."""
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        nbytes = int(math.prod(shape)) * dtype.itemsize
+        rendezvous(self.node, self.timeout, "hpccomm.shm.empty")
+        segment = Segment(self.node, nbytes, control=False)
+        self.user_segments.append(segment)
+        return segment.regions[self.rank][:nbytes].view(dtype).reshape(shape)
+
+    # -- life cycle --------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Forget the segments (local: nothing waits for the other ranks). Their memory
+        goes when the last rank drops its mapping, arrays from hpccomm.shm.empty included
+        once the caller lets go of them."""
+        self._idle()
+        self.queue.clear()
+        for segment in self.user_segments[1:] + [self.ring]:
+            if segment is not None:
+                segment.release()
+        self.user_segments, self.words, self.regions = [None], [], []
+        if not MPI.Is_finalized():
+            self.node.Free()
+
+
+def _nothing() -> None:
+    """The memory barrier where the processor needs none (x86-64)."""
