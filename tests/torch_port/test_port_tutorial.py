@@ -26,7 +26,9 @@ def mpiexec():
 def run_example(example, n, **env):
     full = {k: v for k, v in os.environ.items()
             if not k.startswith(("PMI_", "OMPI_", "PMIX_", "SLURM_"))}
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    # PYTHONUNBUFFERED would write each piece of the tutorial's multi-argument print()
+    # separately, so two ranks' lines could interleave mid-line in the shared pipe.
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED"):
         full.pop(name, None)
     full.update({k: str(v) for k, v in env.items()})
     done = subprocess.run([mpiexec(), "-n", str(n), sys.executable, SCRIPT, example],
