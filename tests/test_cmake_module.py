@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher_env import without_launcher
+
 ROOT = Path(__file__).resolve().parents[1]
 LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
 NEEDED = {"cmake": "cmake", "cc": "gcc", "make": "make"}
@@ -45,8 +47,7 @@ def _install_or_skip():
 
 
 def _clean_env():
-    drop = ("PMI_", "OMPI_", "SLURM_", "PYTEST_", "HPCCOMM_", "LMOD", "MODULE")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env = without_launcher(("SLURM_", "PYTEST_", "HPCCOMM_", "LMOD", "MODULE"))
     env.pop("PYTHONPATH", None)
     return env
 

@@ -146,7 +146,7 @@ class MPICommunicator(Communicator):
         instance uses :func:`_plain_collective` instead."""
         if nbytes < self.gated_from.get(call.__name__, _NEVER):
             return call(*args).Test, finish, args
-        gated = mpi_gate.Gated(self.gate, call, args, finish, nbytes)
+        gated = mpi_gate.Gated(self.gate, self.size, call, args, finish, nbytes)
         return gated, gated.finish, args
 
     # -- helpers --------------------------------------------------------------------

@@ -104,6 +104,7 @@ _NAMES = {code: name for name, code in _CODES.items()}
 #: Nonblocking call name -> its blocking twin (``Iallreduce`` -> ``Allreduce``).
 _BLOCKING = {name: name[1].upper() + name[2:] for name in CALLS.values()}
 _SIGNATURE = struct.Struct("<qqq")  # call code, bytes, root (-1: none)
+_ROOTED = {"Ibcast", "Ireduce"}  # calls whose last argument is the root
 
 
 def dup_within(comm: Any, timeout: Optional[float]) -> Any:
@@ -125,25 +126,26 @@ class Gated(Deferred):
     instead (``async_op``), and the gate is never posted.
     """
 
-    __slots__ = ("gate", "call", "args", "after", "signature", "seen", "test_now")
+    __slots__ = ("gate", "size", "call", "args", "after", "signature", "seen", "test_now")
 
-    def __init__(self, gate: Any, call: Callable[..., Any], args: Tuple[Any, ...],
+    def __init__(self, gate: Any, size: int, call: Callable[..., Any], args: Tuple[Any, ...],
                  after: Optional[Callable[[], Any]], nbytes: int):
-        self.gate, self.call, self.args, self.after = gate, call, args, after
-        root = next((a for a in args if type(a) is int), -1)
-        self.signature = _SIGNATURE.pack(_CODES[call.__name__], nbytes, root)
+        self.gate, self.size, self.call, self.args, self.after = gate, size, call, args, after
+        name = call.__name__
+        self.signature = _SIGNATURE.pack(_CODES[name], nbytes,
+                                         args[-1] if name in _ROOTED else -1)
         self.seen: Optional[bytearray] = None
         self.test_now: Optional[Callable[[], bool]] = None
 
     def __call__(self) -> bool:
         test = self.test_now
         if test is None:
-            self.seen = bytearray(_SIGNATURE.size * self.gate.Get_size())
+            self.seen = bytearray(_SIGNATURE.size * self.size)
             test = self.test_now = self.gate.Iallgather(
                 [self.signature, MPI.BYTE], [self.seen, MPI.BYTE]).Test
         if not test():
             return False
-        if self.seen is not None and self.seen != self.signature * self.gate.Get_size():
+        if self.seen is not None and self.seen != self.signature * self.size:
             raise DistBackendError(self._mismatch())
         return True
 
