@@ -162,7 +162,7 @@ def test_an_absent_rank_gives_every_other_rank_a_timeout():
                 and rank != 0 and fields["bytes"] == "16":
             continue  # a small send to a present root may complete on its own
         assert "elapsed" in fields, (rank, fields)
-        assert float(fields["elapsed"]) <= timeout + grace + 1.0, (rank, fields)
+        assert float(fields["elapsed"]) <= timeout + grace + 2.0, (rank, fields)
 
 
 def test_ranks_in_different_gated_collectives_fail_at_once():
@@ -202,7 +202,7 @@ def test_a_timed_out_test_does_not_make_the_next_ones_wait(tmp_path):
     env = dict(os.environ, HPCCOMM_TEST_TIMEOUT="2", HPCCOMM_ROLLCALL_GRACE="0.2")
     start = time.monotonic()
     done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "pytest", "-q",
-                           "-p", "no:cacheprovider", "-m", "mpi", "--with-mpi",
+                           "--color=no", "-p", "no:cacheprovider", "-m", "mpi", "--with-mpi",
                            "--rootdir", str(tmp_path), str(tmp_path / "test_broken.py")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
     elapsed = time.monotonic() - start
