@@ -159,8 +159,8 @@ def test_an_absent_rank_gives_every_other_rank_a_timeout():
     assert len(found) == 3 * 2 * 9, output  # 3 ranks, 2 sizes, 9 operations
     for rank, fields in found:
         if fields.get("error") == "no error" and fields["op"] in ("gather", "reduce") \
-                and rank != 0 and fields["bytes"] == "16":
-            continue  # a small send to a present root may complete on its own
+                and rank != 0:
+            continue  # a contribution sent straight to the present root may complete
         assert "elapsed" in fields, (rank, fields)
         assert float(fields["elapsed"]) <= timeout + grace + 2.0, (rank, fields)
 

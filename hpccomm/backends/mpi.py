@@ -135,7 +135,7 @@ class MPICommunicator(Communicator):
         #: Nonblocking call name -> bytes from which a synchronous call is gated.
         self.gated_from = {name: limit for name, limit in _GATED_FROM.items()
                            if limit != mpi_gate.NEVER} if self.size > 1 else {}
-        self.gate = mpi_gate.dup_within(comm, timeout) if self.gated_from else None
+        self.gate = mpi_gate.Gate(comm, timeout) if self.gated_from else None
         if self.gate is None:
             self._collective = _plain_collective
 
@@ -146,8 +146,7 @@ class MPICommunicator(Communicator):
         instance uses :func:`_plain_collective` instead."""
         if nbytes < self.gated_from.get(call.__name__, _NEVER):
             return call(*args).Test, finish, args
-        gated = mpi_gate.Gated(self.gate, self.size, call, args, finish, nbytes)
-        return gated, gated.finish, args
+        return self.gate.start(nbytes, finish, call, args)
 
     # -- helpers --------------------------------------------------------------------
     def _post(self, buf: np.ndarray, kind: RedOpType):
@@ -278,9 +277,10 @@ class MPICommunicator(Communicator):
 
     # -- life cycle -------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Free the gate communicator; the group layer owns and frees ``comm``."""
+        """Free the gates' communicator; the group layer owns and frees ``comm``."""
         gate, self.gate = self.gate, None
-        free(gate)
+        if gate is not None:
+            gate.free()
 
     def abort(self) -> None:
         """Abort every process of the communicator (MPI offers no local abort)."""

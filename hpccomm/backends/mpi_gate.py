@@ -3,9 +3,9 @@
 The MPI backend starts every operation as one nonblocking call (``MPI_Iallreduce``...)
 and polls it under the group's deadline. Where an MPI library runs its nonblocking
 collectives much slower than its blocking ones (Open MPI: ``libnbc`` progresses only
-inside MPI calls and picks other algorithms, e.g. always a binomial tree for an
-in-place all-reduce on fewer than 4 ranks), a *synchronous* call from a size threshold
-on is **gated** instead:
+inside MPI calls and picks other algorithms, e.g. a binomial reduce + broadcast for
+any in-place all-reduce), a *synchronous* call from a size threshold on is **gated**
+instead:
 
 1. every rank posts a nonblocking all-gather of the call's signature (operation, bytes,
    root) on a communicator kept for this, and polls it under the deadline like any
@@ -15,9 +15,9 @@ on is **gated** instead:
    absent rank. Different signatures raise an error naming both calls at once.
 
 Calls with ``async_op=True`` always use the nonblocking form (their order against
-other operations is the caller's). The thresholds below come from ``hpccomm bench``
-and ``benchmarks/mpi_patterns.py`` (docs/cluster.md lists the numbers); they are looked
-up once, from the library found by ``MPI.get_vendor()``.
+other operations is the caller's). The thresholds below come from
+``benchmarks/mpi_patterns.py`` (docs/cluster.md lists the numbers); they are looked up
+once, from the library found by ``MPI.get_vendor()``.
 ``HPCCOMM_MPI_GATED`` overrides the table: ``off`` (never gate), ``all=256K`` (every
 gateable operation from 256 KiB), or ``all_reduce=64K,all_gather=1M``.
 """
@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from mpi4py import MPI
 
 from ..errors import DistBackendError, DistTimeoutError
-from ..work import Deferred, poll
+from ..work import Deferred, Started, poll
 
 KiB, MiB = 1024, 1024 * 1024
 NEVER = float("inf")
@@ -52,9 +52,10 @@ GATED_FROM: Dict[str, Dict[str, float]] = {
     "mpich": {},
     # Intel MPI: an MPICH derivative; its nonblocking calls keep pace.
     "intel": {},
-    # Open MPI 4/5: libnbc is 1.5-3x slower than the tuned blocking collectives from a
-    # few KiB for all_reduce and all_gather; the others stay within a few percent.
-    "openmpi": {"all_reduce": 4 * KiB, "all_gather": 16 * KiB, "reduce": 16 * KiB},
+    # Open MPI 5: libnbc is 1.5-6x slower than the tuned blocking collectives from tens
+    # of KiB for all_reduce, reduce and all_gather; broadcast, reduce_scatter and
+    # all_to_all keep pace, so a gate would only add its latency there.
+    "openmpi": {"all_reduce": 16 * KiB, "reduce": 64 * KiB, "all_gather": 64 * KiB},
     "other": {},
 }
 
@@ -108,13 +109,50 @@ _ROOTED = {"Ibcast", "Ireduce"}  # calls whose last argument is the root
 
 
 def dup_within(comm: Any, timeout: Optional[float]) -> Any:
-    """``comm`` duplicated for gates (``MPI_Comm_idup`` polled under ``timeout``)."""
+    """``comm`` duplicated (``MPI_Comm_idup`` polled under ``timeout``)."""
     new, request = comm.Idup()
     if poll(request.Test, timeout):
         raise DistTimeoutError(f"creating the MPI backend of a group of {comm.Get_size()} "
                                f"ranks: not every rank arrived within {timeout} s")
     new.Set_errhandler(MPI.ERRORS_RETURN)
     return new
+
+
+class Gate:
+    """The gates of one communicator: a duplicate of it that carries the signature
+    exchanges (so they never match a data collective), and per (call, bytes, root) the
+    signature, what every rank must send, and the blocking twin of the call."""
+
+    #: Distinct (call, bytes, root) signatures kept; more clears the cache.
+    CACHE = 1024
+
+    def __init__(self, comm: Any, timeout: Optional[float]):
+        self.comm = dup_within(comm, timeout)
+        self.size = self.comm.Get_size()
+        self._signatures: Dict[Tuple[str, int, int], Tuple[bytes, bytes, Any]] = {}
+
+    def start(self, nbytes: int, finish: Optional[Callable[[], Any]],
+              call: Callable[..., Any], args: Tuple[Any, ...]) -> Started:
+        """The triple of ``call(*args)`` gated: ``(Gated, its finish, args)``."""
+        name = call.__name__
+        key = (name, nbytes, args[-1] if name in _ROOTED else -1)
+        found = self._signatures.get(key)
+        if found is None:
+            if len(self._signatures) >= self.CACHE:
+                self._signatures.clear()
+            signature = _SIGNATURE.pack(_CODES[name], nbytes, key[2])
+            blocking = getattr(call.__self__, _BLOCKING[name])
+            found = self._signatures[key] = (signature, signature * self.size, blocking)
+        gated = Gated(self.comm, call, args, finish, *found)
+        return gated, gated.finish, args
+
+    def free(self) -> None:
+        comm, self.comm = self.comm, None
+        if comm is not None and not MPI.Is_finalized():
+            try:
+                comm.Free()
+            except MPI.Exception:
+                pass
 
 
 class Gated(Deferred):
@@ -126,26 +164,25 @@ class Gated(Deferred):
     instead (``async_op``), and the gate is never posted.
     """
 
-    __slots__ = ("gate", "size", "call", "args", "after", "signature", "seen", "test_now")
+    __slots__ = ("gate", "call", "args", "after", "signature", "expected", "blocking",
+                 "seen", "test_now")
 
-    def __init__(self, gate: Any, size: int, call: Callable[..., Any], args: Tuple[Any, ...],
-                 after: Optional[Callable[[], Any]], nbytes: int):
-        self.gate, self.size, self.call, self.args, self.after = gate, size, call, args, after
-        name = call.__name__
-        self.signature = _SIGNATURE.pack(_CODES[name], nbytes,
-                                         args[-1] if name in _ROOTED else -1)
+    def __init__(self, gate: Any, call: Callable[..., Any], args: Tuple[Any, ...],
+                 after: Optional[Callable[[], Any]], signature: bytes, expected: bytes,
+                 blocking: Callable[..., Any]):
+        self.gate, self.call, self.args, self.after = gate, call, args, after
+        self.signature, self.expected, self.blocking = signature, expected, blocking
         self.seen: Optional[bytearray] = None
         self.test_now: Optional[Callable[[], bool]] = None
 
     def __call__(self) -> bool:
         test = self.test_now
         if test is None:
-            self.seen = bytearray(_SIGNATURE.size * self.size)
-            test = self.test_now = self.gate.Iallgather(
-                [self.signature, MPI.BYTE], [self.seen, MPI.BYTE]).Test
+            self.seen = bytearray(len(self.expected))
+            test = self.test_now = self.gate.Iallgather(self.signature, self.seen).Test
         if not test():
             return False
-        if self.seen is not None and self.seen != self.signature * self.size:
+        if self.seen is not None and self.seen != self.expected:
             raise DistBackendError(self._mismatch())
         return True
 
@@ -155,24 +192,22 @@ class Gated(Deferred):
 
     def finish(self) -> Any:
         if self.seen is not None:  # every rank is inside this very call
-            getattr(self.call.__self__, _BLOCKING[self.call.__name__])(*self.args)
+            self.blocking(*self.args)
         return None if self.after is None else self.after()
 
     def _mismatch(self) -> str:
         """Which rank is in which collective, for the error."""
-        mine = self._describe(self.signature)
-        others = [f"rank {rank}: {self._describe(bytes(sig))}"
-                  for rank, sig in enumerate(_chunks(self.seen, _SIGNATURE.size))
-                  if bytes(sig) != self.signature]
-        return (f"the ranks of the group are in different collectives (this rank: {mine}; "
-                f"{'; '.join(others)}); the group is now unusable")
-
-    @staticmethod
-    def _describe(signature: bytes) -> str:
-        code, nbytes, root = _SIGNATURE.unpack(signature)
-        name = _BLOCKING.get(_NAMES.get(code, ""), f"call {code}")
-        return f"MPI_{name} of {nbytes} bytes" + (f", root {root}" if root >= 0 else "")
+        assert self.seen is not None
+        width = _SIGNATURE.size
+        theirs = [bytes(self.seen[i:i + width]) for i in range(0, len(self.seen), width)]
+        others = [f"rank {rank}: {_describe(sig)}" for rank, sig in enumerate(theirs)
+                  if sig != self.signature]
+        return (f"the ranks of the group are in different collectives (this rank: "
+                f"{_describe(self.signature)}; {'; '.join(others)}); the group is now "
+                f"unusable")
 
 
-def _chunks(data: bytearray, size: int):
-    return (data[i:i + size] for i in range(0, len(data), size))
+def _describe(signature: bytes) -> str:
+    code, nbytes, root = _SIGNATURE.unpack(signature)
+    name = _BLOCKING.get(_NAMES.get(code, ""), f"call {code}")
+    return f"MPI_{name} of {nbytes} bytes" + (f", root {root}" if root >= 0 else "")
