@@ -276,6 +276,7 @@ def test_bench_measures_hpccomm_against_mpi4py_on_two_ranks():
         times, ratio = [float(x) for x in row[3:7]], float(row[7])
         assert all(t > 0 for t in times) and 0 < ratio < 100
     assert "2 ranks" in result.stdout and "gloo" not in result.stdout
+    assert f"; {_mpi_facts()['vendor']} " in result.stdout  # the library it ran on
 
 
 def test_bench_options_are_checked_before_starting_ranks():
