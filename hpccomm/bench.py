@@ -481,9 +481,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if rank == 0:
             print(format_row(row), flush=True)
     if rank == 0:
-        print(f"# {MPI.COMM_WORLD.size} ranks; "
-              f"{' '.join(MPI.Get_library_version().split()[:3])}; hpccomm "
-              f"{__version__}", flush=True)
+        vendor, version = MPI.get_vendor()
+        print(f"# {MPI.COMM_WORLD.size} ranks; {vendor} {'.'.join(map(str, version))}; "
+              f"hpccomm {__version__}", flush=True)
         print(header(args.gloo), flush=True)
     init_process_group()
     td = init_gloo(MPI.COMM_WORLD) if args.gloo else None

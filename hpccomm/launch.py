@@ -3,13 +3,18 @@
 The launcher process never initializes MPI: it only chooses a launcher, finds it, and
 builds ``LAUNCHER -n N [launcher args] python -m hpccomm._rank_env TARGET ARGS``. Inside
 a Slurm allocation (``SLURM_JOB_ID`` set and ``srun`` on ``PATH``) ``auto`` means
-``srun``, elsewhere ``mpiexec``.
+``srun``, elsewhere ``mpiexec``. ``-n N`` and the launcher's own arguments mean the same
+to every mpiexec (Hydra's of MPICH and Intel MPI, Open MPI's mpirun/prterun); where
+their options differ (a host file: ``-f`` or ``--hostfile``), :func:`mpiexec_flavour`
+tells them apart. ``python -m hpccomm.launch srun-mpi|mpiexec|flavour|hostfile-option``
+prints these answers for job scripts.
 """
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import shutil
+import subprocess
 import sys
 from typing import List, Mapping, Optional, Sequence
 
@@ -52,6 +57,28 @@ def find_mpiexec(env: Mapping[str, str] = os.environ) -> str:
             return found
     raise LaunchError("no mpiexec found: install an MPI (pip install mpich) or set "
                       "HPCCOMM_MPIEXEC to the launcher's path")
+
+
+#: The option that names a host file, per mpiexec flavour.
+HOSTFILE_OPTION = {"hydra": "-f", "openmpi": "--hostfile"}
+
+
+def mpiexec_flavour(mpiexec: str) -> str:
+    """``"hydra"`` (MPICH, Intel MPI, MVAPICH), ``"openmpi"`` (mpirun, mpiexec, prterun
+    of Open MPI 4/5) or ``"unknown"``, from the launcher's ``--version``."""
+    if os.path.basename(mpiexec).startswith(("prterun", "prun")):
+        return "openmpi"
+    try:
+        done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    text = (done.stdout + done.stderr).lower()
+    if "hydra" in text or "intel(r) mpi" in text or "mvapich" in text:
+        return "hydra"
+    if "open mpi" in text or "openrte" in text or "prrte" in text:
+        return "openmpi"
+    return "unknown"
 
 
 def find_srun(env: Mapping[str, str] = os.environ) -> str:
@@ -104,3 +131,27 @@ def build_command(target: Sequence[str], nprocs: Optional[int] = None, launcher:
     if nprocs is not None:
         command += ["-n", str(nprocs)]
     return [*command, *launcher_args, *bootstrap]
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m hpccomm.launch QUESTION``: one answer per line, for job scripts."""
+    answers = {
+        "srun-mpi": lambda: srun_mpi_plugin() or "",
+        "mpiexec": find_mpiexec,
+        "flavour": lambda: mpiexec_flavour(find_mpiexec()),
+        "hostfile-option": lambda: HOSTFILE_OPTION.get(mpiexec_flavour(find_mpiexec()),
+                                                       "--hostfile"),
+    }
+    if len(argv) != 1 or argv[0] not in answers:
+        sys.stderr.write(f"usage: python -m hpccomm.launch {{{'|'.join(answers)}}}\n")
+        return 2
+    try:
+        print(answers[argv[0]]())
+    except LaunchError as exc:
+        sys.stderr.write(f"hpccomm.launch: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

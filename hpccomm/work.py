@@ -66,6 +66,56 @@ def poll(test: Callable[[], bool], limit: Optional[float]) -> float:
     return 0.0
 
 
+#: Operations given up before they completed (a timeout, a failure, a Work dropped while
+#: pending), as ``(test, keep)``: MPI may still read or write their buffers, so ``keep``
+#: stays alive until ``test`` says the operation is over (see :func:`abandon`).
+_abandoned: List[Tuple[Callable[[], bool], Any]] = []
+#: Whether abandoned operations may be tested now; a backend whose tests become illegal
+#: (MPI after ``MPI_Finalize``) replaces it.
+can_test: Callable[[], bool] = lambda: True
+_REAP_AT = 64
+
+
+def abandon(test: Callable[[], bool], keep: Any) -> None:
+    """Keep ``keep`` alive until ``test()`` is true: an operation left unfinished must not
+    free buffers that MPI may still use. Finished ones are dropped when the list grows."""
+    global _REAP_AT
+    if keep is None:
+        return
+    _abandoned.append((test, keep))
+    if len(_abandoned) >= _REAP_AT and can_test():
+        _abandoned[:] = [(t, k) for t, k in _abandoned if not _over(t)]
+        _REAP_AT = max(64, 2 * len(_abandoned))
+
+
+def _over(test: Callable[[], bool]) -> bool:
+    try:
+        return bool(test())
+    except Exception:  # a failed operation no longer uses its buffers
+        return True
+
+
+class Deferred:
+    """A ``test`` whose operation starts on its first call.
+
+    A backend returns one as the ``test`` of its triple when the operation has a faster
+    form that is safe only for a caller who waits at once (the MPI backend's gated
+    blocking calls, :mod:`hpccomm.backends.mpi_profile`): polling it starts that form.
+    Making a :class:`Work` of the triple first (``async_op=True``, :func:`as_work`)
+    calls :meth:`start_async` instead, which starts the operation in a form that may
+    complete later, in any order with other operations.
+    """
+
+    __slots__ = ()
+
+    def __call__(self) -> bool:
+        raise NotImplementedError
+
+    def start_async(self) -> None:
+        """Start the operation in its nonblocking form (no-op once started)."""
+        raise NotImplementedError
+
+
 def chain(first: Optional[Callable[[], Any]], then: Optional[Callable[[], Any]]
           ) -> Optional[Callable[[], Any]]:
     """One finishing step: ``first``, then ``then``, returning ``first``'s value (a
@@ -113,11 +163,20 @@ class Work:
                  finish: Optional[Callable[[], Any]] = None, keep: Any = None):
         # Only what every wait reads is set here; the public layer stamps group, op, seq,
         # arr and timeout, and any slot left unset reads its default (``__getattr__``).
+        if isinstance(test, Deferred):
+            test.start_async()
         self._test = test or _no_test
         self._finish = finish
         self._keep = keep
         self._state = _PENDING
         self._future: Optional[Future] = None
+
+    def __del__(self) -> None:
+        if self._state == _PENDING and self._keep is not None:  # dropped unfinished
+            try:
+                abandon(self._test, self._keep)
+            except Exception:  # interpreter shutdown: nothing left to protect
+                pass
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -159,7 +218,8 @@ class Work:
             wrapped.__cause__ = exc
             exc = wrapped
         self._error = exc
-        self._keep = None
+        keep, self._keep = self._keep, None
+        abandon(self._test, keep)
         _observe.failed(self, exc)
         if self._future is not None:
             self._future._settle(None, exc)
@@ -200,6 +260,8 @@ class Work:
 
     def _timed_out(self, waited: float, limit: Optional[float]) -> None:
         self._state = _FAILED
+        keep, self._keep = self._keep, None
+        abandon(self._test, keep)
         notes = _observe.timed_out(self, waited)  # the roll call names absent ranks
         found = " ".join(notes) if notes else "Some rank of the group did not join it."
         error = DistTimeoutError(

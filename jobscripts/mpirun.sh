@@ -19,10 +19,10 @@ MPIEXEC=${HPCCOMM_MPIEXEC:-$(dirname "$(command -v "$PYTHON")")/mpiexec}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 ARGS=(-n "$NP")
-# MPICH (hydra): -f HOSTFILE, -ppn ranks per node, -bind-to core.
-# Open MPI:      --hostfile HOSTFILE, --map-by ppr:4:node, --bind-to core.
+# Hydra (MPICH, Intel MPI): -f HOSTFILE, -ppn ranks per node, -bind-to core.
+# Open MPI:                 --hostfile HOSTFILE, --map-by ppr:4:node, --bind-to core.
 if [ -n "${HOSTFILE:-}" ]; then
-    ARGS+=(-f "$HOSTFILE")
+    ARGS+=("$(HPCCOMM_MPIEXEC="$MPIEXEC" "$PYTHON" -m hpccomm.launch hostfile-option)" "$HOSTFILE")
 fi
 
 # hpccomm._rank_env sets RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE on each rank and

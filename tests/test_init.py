@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 import hpccomm
+from launcher_env import without_launcher
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,8 +18,7 @@ def run_program(code, n=None, env=None, timeout=60):
     cmd = [sys.executable, "-c", textwrap.dedent(code)]
     if n is not None:
         cmd = [MPIEXEC, "-n", str(n)] + cmd
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("PMI_", "OMPI_", "PMIX_", "SLURM_"))}
+    full_env = without_launcher(("SLURM_",))
     full_env.pop("RANK", None)
     full_env.pop("WORLD_SIZE", None)
     full_env.update(env or {})

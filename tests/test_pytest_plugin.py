@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher_env import without_launcher
+
 ROOT = Path(__file__).resolve().parents[1]
 USER_TESTS = """\
 import pytest
@@ -40,8 +42,7 @@ def _mpiexec():
 
 def _run_user_tests(tmp_path, *options):
     (tmp_path / "test_user.py").write_text(USER_TESTS)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "OMPI_", "SLURM_", "PYTEST_"))}
+    env = without_launcher(("SLURM_", "PYTEST_"))
     env["PYTHONPATH"] = str(ROOT)
     cmd = [_mpiexec(), "-n", "2", sys.executable, "-m", "pytest", "-q", "-s", "--with-mpi",
            "-p", "no:cacheprovider", *_plugin_args(), *options, "test_user.py"]

@@ -1,6 +1,6 @@
 """The job scripts and ``hpccomm run`` under a real single-node Slurm.
 
-A module fixture installs Debian's slurm-wlm, munge and libpmix2 if they are missing
+A module fixture installs Debian's slurm-wlm, munge and libpmix-dev if they are missing
 (apt-get), then starts munged, slurmctld and slurmd with a private configuration in a
 temporary directory (free ports, ``MpiDefault=pmi2``, no cgroups and no CPU binding,
 since the node claims 4 CPUs so that 4 ranks fit on a 2-core machine), as root. The CPU job
@@ -31,15 +31,17 @@ def _which(name):
 
 
 def _pmix_installed():
-    return any(Path(d).glob("libpmix.so*") for d in ("/usr/lib/x86_64-linux-gnu",
-                                                     "/usr/lib/aarch64-linux-gnu", "/usr/lib"))
+    """Whether Slurm's mpi/pmix plugin finds its library (it opens pmix2/lib/libpmix.so,
+    which Debian's libpmix-dev provides): srun --mpi=pmix starts Open MPI ranks."""
+    return any(Path(d, "pmix2", "lib", "libpmix.so").exists()
+               for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"))
 
 
 def _install_or_skip():
     """Install what is missing with apt-get, or skip saying why."""
     missing = sorted({pkg for tool, pkg in PACKAGES.items() if _which(tool) is None})
     if not _pmix_installed():
-        missing.append("libpmix2")
+        missing.append("libpmix-dev")
     if not missing:
         return
     if os.geteuid() != 0:
@@ -224,7 +226,8 @@ def _wait_job(cluster, job_id, timeout=180):
 
 
 def test_sbatch_cpu_job_script(slurm, tmp_path):
-    """jobscripts/slurm_cpu.sbatch runs the hello program on 4 ranks with srun --mpi=pmi2."""
+    """jobscripts/slurm_cpu.sbatch runs the hello program on 4 ranks with srun and the
+    --mpi plugin of the MPI in use (pmi2 for MPICH and Intel MPI, pmix for Open MPI)."""
     out = tmp_path / "job.out"
     env = dict(slurm.env, HPCCOMM_PYTHON=sys.executable, HPCCOMM_CPU_BIND="none",
                HPCCOMM_PROGRAM=str(ROOT / "jobscripts" / "hello.py"))  # 4 ranks, 2 cores

@@ -21,17 +21,20 @@ translate, free), so that no other module touches mpi4py.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..errors import DistBackendError
 from ..types import RedOpType
+from .. import work as _work
 from ..work import Started, Work, chain
+from . import mpi_gate
 from .base import Communicator
 
 IN_PLACE = MPI.IN_PLACE
+_work.can_test = lambda: not MPI.Is_finalized()  # abandoned requests: test while MPI lives
 ANY_SOURCE = MPI.ANY_SOURCE
 
 _ARITH = {RedOpType.SUM: MPI.SUM, RedOpType.AVG: MPI.SUM, RedOpType.PREMUL_SUM: MPI.SUM,
@@ -49,6 +52,9 @@ _SUM, _AVG, _PREMUL_SUM = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM  # 
 _BYTES: Dict[int, Any] = {}  # itemsize -> committed contiguous byte type
 _TRANSFER: Dict[Any, Any] = dict(_PREDEFINED)  # dtype -> its transfer type, once seen
 _FLOAT32 = np.dtype(np.float32)
+_NEVER = mpi_gate.NEVER
+#: This MPI library's gating thresholds (nonblocking call name -> bytes), found once.
+_GATED_FROM = mpi_gate.gated_from(MPI.get_vendor()[0])
 
 #: (MPI datatype, MPI op, staging dtype or None)
 _Plan = Tuple[Any, Any, Optional[Any]]
@@ -85,6 +91,26 @@ def _plan(dtype: Any, kind: RedOpType) -> _Plan:
     return plan
 
 
+def _start(finish: Optional[Callable[[], Any]], call: Callable[..., Any], *args: Any
+           ) -> Started:
+    """Start the nonblocking MPI call ``call(*args)``: ``(its request's Test, finish, args)``.
+
+    Every operation of this module starts MPI through here. The arguments are what the
+    operation keeps alive until it completes, so every buffer handed to MPI (send,
+    receive, staging and premultiplied arrays, all named by the buffer specs in
+    ``args``) outlives the request by construction: MPI may read a send buffer or write
+    a receive buffer at any time until then, and mpi4py keeps no reference for some
+    nonblocking calls.
+    """
+    return call(*args).Test, finish, args
+
+
+def _plain_collective(nbytes: int, finish: Optional[Callable[[], Any]],
+                      call: Callable[..., Any], *args: Any) -> Started:
+    """:meth:`MPICommunicator._collective` where nothing is gated: always nonblocking."""
+    return call(*args).Test, finish, args
+
+
 def _displacements(counts: Sequence[int]) -> List[int]:
     displs, total = [], 0
     for count in counts:
@@ -109,6 +135,21 @@ class MPICommunicator(Communicator):
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.timeout = timeout
+        #: Nonblocking call name -> bytes from which a synchronous call is gated.
+        self.gated_from = {name: limit for name, limit in _GATED_FROM.items()
+                           if limit != mpi_gate.NEVER} if self.size > 1 else {}
+        self.gate = mpi_gate.Gate(comm, timeout) if self.gated_from else None
+        if self.gate is None:
+            self._collective = _plain_collective
+
+    def _collective(self, nbytes: int, finish: Optional[Callable[[], Any]],
+                    call: Callable[..., Any], *args: Any) -> Started:
+        """Start collective ``call(*args)`` on ``nbytes`` bytes: nonblocking, or gated
+        from this library's threshold (:mod:`.mpi_gate`). Without any threshold, the
+        instance uses :func:`_plain_collective` instead."""
+        if nbytes < self.gated_from.get(call.__name__, _NEVER):
+            return call(*args).Test, finish, args
+        return self.gate.start(nbytes, finish, call, args)
 
     # -- helpers --------------------------------------------------------------------
     def _post(self, buf: np.ndarray, kind: RedOpType):
@@ -124,23 +165,24 @@ class MPICommunicator(Communicator):
     # -- collectives ----------------------------------------------------------------
     def broadcast(self, buf: np.ndarray, root: int) -> Started:
         mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)
-        return self.comm.Ibcast([buf, mpitype], root).Test, None, None
+        return self._collective(buf.nbytes, None, self.comm.Ibcast, [buf, mpitype], root)
 
     def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
         plan = _PLANS[kind].get(buf.dtype) or _plan(buf.dtype, kind)
         mpitype, op, stage = plan
         if stage is None:
+            if kind is _SUM:
+                return self._collective(buf.nbytes, None, self.comm.Iallreduce, IN_PLACE,
+                                        [buf, mpitype], op)
             if kind is _PREMUL_SUM:
                 _premultiply(buf, factor, out=buf)
-            req = self.comm.Iallreduce(IN_PLACE, [buf, mpitype], op)
-            if kind is _SUM:
-                return req.Test, None, None
-            return req.Test, self._post(buf, kind), None
+            return self._collective(buf.nbytes, self._post(buf, kind), self.comm.Iallreduce,
+                                    IN_PLACE, [buf, mpitype], op)
         tmp = buf.astype(stage)
         if kind is _PREMUL_SUM:
             _premultiply(tmp, factor, out=tmp)
-        req = self.comm.Iallreduce(IN_PLACE, [tmp, mpitype], op)
-        return req.Test, chain(self._post(tmp, kind), _copy_back(tmp, buf)), tmp
+        return self._collective(tmp.nbytes, chain(self._post(tmp, kind), _copy_back(tmp, buf)),
+                                self.comm.Iallreduce, IN_PLACE, [tmp, mpitype], op)
 
     def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Started:
         mpitype, op, stage = _PLANS[kind].get(buf.dtype) or _plan(buf.dtype, kind)
@@ -152,103 +194,96 @@ class MPICommunicator(Communicator):
             else:  # the caller's buffer stays untouched on non-roots
                 work_buf = _premultiply(buf, factor)
         if at_root:
-            req = self.comm.Ireduce(IN_PLACE, [work_buf, mpitype], op, root)
             finish = chain(self._post(work_buf, kind),
-                                 None if work_buf is buf else _copy_back(work_buf, buf))
-            return req.Test, finish, work_buf
-        req = self.comm.Ireduce([work_buf, mpitype], None, op, root)
-        return req.Test, None, work_buf
+                           None if work_buf is buf else _copy_back(work_buf, buf))
+            return self._collective(work_buf.nbytes, finish, self.comm.Ireduce, IN_PLACE,
+                                    [work_buf, mpitype], op, root)
+        return self._collective(work_buf.nbytes, None, self.comm.Ireduce, [work_buf, mpitype],
+                                None, op, root)
 
     def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
                    counts: Optional[Sequence[int]]) -> Started:
         mpitype = _TRANSFER.get(recv.dtype) or transfer_type(recv.dtype)
         sendspec = IN_PLACE if send is None else [send, mpitype]
         if counts is None:
-            req = self.comm.Iallgather(sendspec, [recv, mpitype])
-        else:
-            req = self.comm.Iallgatherv(sendspec, [recv, (counts, _displacements(counts)),
-                                                   mpitype])
-        return req.Test, None, None
+            return self._collective(recv.nbytes, None, self.comm.Iallgather, sendspec,
+                                    [recv, mpitype])
+        return _start(None, self.comm.Iallgatherv, sendspec,
+                      [recv, (counts, _displacements(counts)), mpitype])
 
     def gather(self, send: np.ndarray, recv: Optional[np.ndarray], root: int,
                counts: Optional[Sequence[int]]) -> Started:
         mpitype = _TRANSFER.get(send.dtype) or transfer_type(send.dtype)
         if counts is None:
             recvspec = [recv, mpitype] if recv is not None else None
-            req = self.comm.Igather([send, mpitype], recvspec, root)
-        else:
-            recvspec = ([recv, (counts, _displacements(counts)), mpitype]
-                        if recv is not None else None)
-            req = self.comm.Igatherv([send, mpitype], recvspec, root)
-        return req.Test, None, None
+            return _start(None, self.comm.Igather, [send, mpitype], recvspec, root)
+        recvspec = ([recv, (counts, _displacements(counts)), mpitype]
+                    if recv is not None else None)
+        return _start(None, self.comm.Igatherv, [send, mpitype], recvspec, root)
 
     def scatter(self, send: Optional[np.ndarray], recv: np.ndarray, root: int,
                 counts: Optional[Sequence[int]]) -> Started:
         mpitype = _TRANSFER.get(recv.dtype) or transfer_type(recv.dtype)
         if counts is None:
             sendspec = [send, mpitype] if send is not None else None
-            req = self.comm.Iscatter(sendspec, [recv, mpitype], root)
-        else:
-            sendspec = ([send, (counts, _displacements(counts)), mpitype]
-                        if send is not None else None)
-            req = self.comm.Iscatterv(sendspec, [recv, mpitype], root)
-        return req.Test, None, None
+            return _start(None, self.comm.Iscatter, sendspec, [recv, mpitype], root)
+        sendspec = ([send, (counts, _displacements(counts)), mpitype]
+                    if send is not None else None)
+        return _start(None, self.comm.Iscatterv, sendspec, [recv, mpitype], root)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
                        factor: Any, counts: Optional[Sequence[int]]) -> Started:
         mpitype, op, stage = _PLANS[kind].get(send.dtype) or _plan(send.dtype, kind)
         if kind is _SUM and stage is None and counts is None:  # the common case
-            req = self.comm.Ireduce_scatter_block([send, mpitype], [recv, mpitype], op)
-            return req.Test, None, None
+            return self._collective(send.nbytes, None, self.comm.Ireduce_scatter_block,
+                                    [send, mpitype], [recv, mpitype], op)
         work_send, work_recv = send, recv
         if stage is not None:
             work_send, work_recv = send.astype(stage), np.empty(recv.shape, stage)
         if kind is _PREMUL_SUM:
             work_send = (_premultiply(work_send, factor, out=work_send)
                          if work_send is not send else _premultiply(send, factor))
-        if counts is None:
-            req = self.comm.Ireduce_scatter_block([work_send, mpitype], [work_recv, mpitype], op)
-        else:
-            req = self.comm.Ireduce_scatter([work_send, mpitype], [work_recv, mpitype],
-                                            list(counts), op)
         finish = chain(self._post(work_recv, kind),
-                             None if work_recv is recv else _copy_back(work_recv, recv))
-        return req.Test, finish, (work_send, work_recv)
+                       None if work_recv is recv else _copy_back(work_recv, recv))
+        if counts is None:
+            return self._collective(work_send.nbytes, finish, self.comm.Ireduce_scatter_block,
+                                    [work_send, mpitype], [work_recv, mpitype], op)
+        return _start(finish, self.comm.Ireduce_scatter, [work_send, mpitype],
+                      [work_recv, mpitype], list(counts), op)
 
     def all_to_all(self, send: np.ndarray, recv: np.ndarray,
                    send_counts: Optional[Sequence[int]],
                    recv_counts: Optional[Sequence[int]]) -> Started:
         mpitype = _TRANSFER.get(recv.dtype) or transfer_type(recv.dtype)
         if send_counts is None and recv_counts is None:
-            req = self.comm.Ialltoall([send, mpitype], [recv, mpitype])
-        else:
-            req = self.comm.Ialltoallv(
-                [send, (send_counts, _displacements(send_counts)), mpitype],
-                [recv, (recv_counts, _displacements(recv_counts)), mpitype])
-        return req.Test, None, None
+            return self._collective(send.nbytes, None, self.comm.Ialltoall,
+                                    [send, mpitype], [recv, mpitype])
+        return _start(None, self.comm.Ialltoallv,
+                      [send, (send_counts, _displacements(send_counts)), mpitype],
+                      [recv, (recv_counts, _displacements(recv_counts)), mpitype])
 
     def barrier(self) -> Started:
-        return self.comm.Ibarrier().Test, None, None
+        return _start(None, self.comm.Ibarrier)
 
     # -- point to point ---------------------------------------------------------------
     def send(self, buf: np.ndarray, dst: int, tag: int) -> Started:
         mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)
-        return self.comm.Isend([buf, mpitype], dst, tag).Test, None, None
+        return _start(None, self.comm.Isend, [buf, mpitype], dst, tag)
 
     def recv(self, buf: np.ndarray, src: Optional[int], tag: int) -> Started:
         mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)
         if src is not None:
-            return self.comm.Irecv([buf, mpitype], src, tag).Test, None, None
+            return _start(None, self.comm.Irecv, [buf, mpitype], src, tag)
         status = MPI.Status()
-        req = self.comm.Irecv([buf, mpitype], ANY_SOURCE, tag)
-
-        def test() -> bool:
-            return req.Test(status)
-        return test, status.Get_source, None
+        test, _, keep = _start(None, self.comm.Irecv, [buf, mpitype], ANY_SOURCE, tag)
+        return (lambda: test(status)), status.Get_source, keep
 
     # -- life cycle -------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Nothing to release: the group layer owns and frees the communicator."""
+        """Free the gates' communicator; the group layer owns and frees ``comm``."""
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            gate.free()
 
     def abort(self) -> None:
         """Abort every process of the communicator (MPI offers no local abort)."""
@@ -282,7 +317,7 @@ def tag_upper_bound(comm: Any) -> int:
 def allgather_flags(comm: Any, flag: bool, timeout: Optional[float]) -> List[bool]:
     """Every rank's ``flag``, gathered without blocking past ``timeout`` (start-up)."""
     flags = np.empty(comm.Get_size(), dtype=np.int8)
-    work = Work(comm.Iallgather(np.array([flag], dtype=np.int8), flags).Test)
+    work = Work(*_start(None, comm.Iallgather, np.array([flag], dtype=np.int8), flags))
     work.op, work.timeout = "init_process_group (ranks agreeing on the launch)", timeout
     work.wait()
     return [bool(f) for f in flags]

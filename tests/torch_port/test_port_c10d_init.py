@@ -10,14 +10,14 @@ import sys
 import textwrap
 
 import pytest
+from launcher_env import without_launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAUNCHER_PREFIXES = ("PMI_", "OMPI_", "PMIX_", "SLURM_", "HYDI_", "MPIR_")
 
 
 def run_alone(code, env=None, timeout=60):
     """Run ``code`` in a fresh Python process, outside any MPI job."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    full_env = without_launcher(("SLURM_", "HYDI_", "MPIR_"))
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
                  "HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG"):
         full_env.pop(name, None)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from launcher_env import without_launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -24,8 +25,7 @@ def mpiexec():
 
 
 def run_example(example, n, **env):
-    full = {k: v for k, v in os.environ.items()
-            if not k.startswith(("PMI_", "OMPI_", "PMIX_", "SLURM_"))}
+    full = without_launcher(("SLURM_",))
     # PYTHONUNBUFFERED would write each piece of the tutorial's multi-argument print()
     # separately, so two ranks' lines could interleave mid-line in the shared pipe.
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED"):

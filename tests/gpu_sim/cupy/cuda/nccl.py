@@ -21,6 +21,20 @@ _DTYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float
 _queue = []
 _depth = [0]
 calls = []  # names of the NCCL calls made, for tests
+#: Seconds a simulated NCCL call may wait for its peers before it raises (a real NCCL
+#: call would stall its stream; hpccomm's watchdog then aborts). Never forever: one
+#: broken test must not hang the tests after it.
+TIMEOUT_S = float(os.environ.get("SIM_NCCL_TIMEOUT", "60"))
+
+
+def _wait(request, what):
+    """Poll ``request`` until done, or raise after :data:`TIMEOUT_S` seconds."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"simulated NCCL {what}: peers did not join within "
+                               f"{TIMEOUT_S:g} s")
+        os.sched_yield()
 
 
 def get_version():
@@ -49,6 +63,11 @@ def _view(ptr, count, dtype):
         return np.empty(0, dtype)
     raw = (ctypes.c_ubyte * (count * dtype.itemsize)).from_address(ptr)
     return np.frombuffer(raw, dtype)
+
+
+def _bytes(arr):
+    """``arr`` as an MPI byte buffer (bfloat16 has no MPI type)."""
+    return [arr, arr.nbytes, MPI.BYTE]
 
 
 def _reduce(parts, op, dtype):
@@ -80,7 +99,7 @@ class NcclCommunicator:
         group = world.Get_group().Incl(ranks)
         self.comm = world.Create_group(group, tag=int.from_bytes(commId[:2], "little") & 0x3FFF)
         group.Free()
-        self.comm.Barrier()
+        _wait(self.comm.Ibarrier(), "ncclCommInitRank")
         if rank == 0:
             for name in os.listdir(where):
                 os.remove(os.path.join(where, name))
@@ -97,48 +116,57 @@ class NcclCommunicator:
         else:
             fn()
 
+    def _allgather(self, mine, what):
+        """Every rank's ``mine`` (same shape everywhere), in rank order."""
+        parts = np.empty((self.ndev,) + mine.shape, mine.dtype)
+        _wait(self.comm.Iallgather(_bytes(mine), [parts, mine.nbytes, MPI.BYTE]), what)
+        return list(parts)
+
     def allReduce(self, send, recv, count, dtype, op, stream):
         def run():
             mine = _view(send, count, dtype).copy()
-            _view(recv, count, dtype)[...] = _reduce(self.comm.allgather(mine), op, mine.dtype)
+            parts = self._allgather(mine, "allReduce")
+            _view(recv, count, dtype)[...] = _reduce(parts, op, mine.dtype)
         self._run("allReduce", run)
 
     def reduce(self, send, recv, count, dtype, op, root, stream):
         def run():
             mine = _view(send, count, dtype).copy()
-            parts = self.comm.gather(mine, root=root)
+            parts = self._allgather(mine, "reduce")
             if self.rank == root:
                 _view(recv, count, dtype)[...] = _reduce(parts, op, mine.dtype)
         self._run("reduce", run)
 
     def broadcast(self, send, recv, count, dtype, root, stream):
         def run():
-            data = _view(send, count, dtype).copy() if self.rank == root else None
-            _view(recv, count, dtype)[...] = self.comm.bcast(data, root=root)
+            data = (_view(send, count, dtype).copy() if self.rank == root else
+                    np.empty(count, _DTYPES[dtype]))
+            _wait(self.comm.Ibcast(_bytes(data), root=root), "broadcast")
+            _view(recv, count, dtype)[...] = data
         self._run("broadcast", run)
 
     def reduceScatter(self, send, recv, count, dtype, op, stream):
         def run():
             mine = _view(send, count * self.ndev, dtype).copy()
-            full = _reduce(self.comm.allgather(mine), op, mine.dtype)
+            full = _reduce(self._allgather(mine, "reduceScatter"), op, mine.dtype)
             _view(recv, count, dtype)[...] = full[self.rank * count:(self.rank + 1) * count]
         self._run("reduceScatter", run)
 
     def allGather(self, send, recv, count, dtype, stream):
         def run():
-            parts = self.comm.allgather(_view(send, count, dtype).copy())
+            parts = self._allgather(_view(send, count, dtype).copy(), "allGather")
             _view(recv, count * self.ndev, dtype)[...] = np.concatenate(parts)
         self._run("allGather", run)
 
     def send(self, buf, count, dtype, peer, stream):
         def run():
             data = _view(buf, count, dtype).copy()
-            self.pending.append((self.comm.Isend(data, dest=peer), data))
+            self.pending.append((self.comm.Isend(_bytes(data), dest=peer), data))
         self._run("send", run, is_send=True)
 
     def recv(self, buf, count, dtype, peer, stream):
         def run():
-            self.comm.Recv(_view(buf, count, dtype), source=peer)
+            _wait(self.comm.Irecv(_bytes(_view(buf, count, dtype)), source=peer), "recv")
         self._run("recv", run)
 
     def check_async_error(self):
@@ -148,5 +176,6 @@ class NcclCommunicator:
         self.aborted = True
 
     def destroy(self):
-        MPI.Request.Waitall([req for req, _ in self.pending])
+        for request, _ in self.pending:
+            _wait(request, "destroy (pending sends)")
         self.comm.Free()

@@ -1,0 +1,213 @@
+"""Gated blocking calls: which operations use them, per MPI library and size, and how.
+
+The MPI backend starts every operation as one nonblocking call (``MPI_Iallreduce``...)
+and polls it under the group's deadline. Where an MPI library runs its nonblocking
+collectives much slower than its blocking ones (Open MPI: ``libnbc`` progresses only
+inside MPI calls and picks other algorithms, e.g. a binomial reduce + broadcast for
+any in-place all-reduce), a *synchronous* call from a size threshold on is **gated**
+instead:
+
+1. every rank posts a nonblocking all-gather of the call's signature (operation, bytes,
+   root) on a communicator kept for this, and polls it under the deadline like any
+   operation: an absent rank still gives a timeout error, never a hang;
+2. once all signatures are in and equal, every rank is inside the same call, so the
+   library's own blocking call (``MPI_Allreduce``...) runs: it cannot wait for an
+   absent rank. Different signatures raise an error naming both calls at once.
+
+Calls with ``async_op=True`` always use the nonblocking form (their order against
+other operations is the caller's). The thresholds below come from
+``benchmarks/mpi_patterns.py`` (docs/cluster.md lists the numbers); they are looked up
+once, from the library found by ``MPI.get_vendor()``.
+``HPCCOMM_MPI_GATED`` overrides the table: ``off`` (never gate), ``all=256K`` (every
+gateable operation from 256 KiB), or ``all_reduce=64K,all_gather=1M``.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from mpi4py import MPI
+
+from ..errors import DistBackendError, DistTimeoutError
+from ..work import Deferred, Started, poll
+
+KiB, MiB = 1024, 1024 * 1024
+NEVER = float("inf")
+
+#: hpccomm operation -> the nonblocking MPI call whose blocking twin a gate may use.
+#: The ``v`` variants (uneven counts) are never gated: their per-rank byte counts
+#: differ legitimately, so a signature could not tell a mismatch from a valid call.
+#: (``gather`` and ``scatter`` take per-rank lists, which may be uneven: always ``v``.)
+CALLS: Dict[str, str] = {
+    "all_reduce": "Iallreduce", "broadcast": "Ibcast", "reduce": "Ireduce",
+    "all_gather": "Iallgather", "reduce_scatter": "Ireduce_scatter_block",
+    "all_to_all": "Ialltoall",
+}
+
+#: MPI library family -> {operation: bytes from which a synchronous call is gated}.
+#: Operations not listed stay nonblocking at every size.
+GATED_FROM: Dict[str, Dict[str, float]] = {
+    # MPICH (and derivatives): nonblocking collectives run the blocking algorithms.
+    "mpich": {},
+    # Intel MPI: an MPICH derivative; its nonblocking calls keep pace.
+    "intel": {},
+    # Open MPI 5: libnbc is 1.5-6x slower than the tuned blocking collectives from tens
+    # of KiB for all_reduce, reduce and all_gather; broadcast, reduce_scatter and
+    # all_to_all keep pace, so a gate would only add its latency there.
+    "openmpi": {"all_reduce": 16 * KiB, "reduce": 64 * KiB, "all_gather": 64 * KiB},
+    "other": {},
+}
+
+_VENDORS = {"MPICH": "mpich", "MVAPICH": "mpich", "MVAPICH2": "mpich", "Intel MPI": "intel",
+            "Open MPI": "openmpi"}
+
+
+def family(vendor: str) -> str:
+    """The table row for ``MPI.get_vendor()[0]`` (``"Open MPI"`` -> ``"openmpi"``)."""
+    return _VENDORS.get(vendor, "other")
+
+
+def parse_size(text: str) -> float:
+    """``"256K"``, ``"1M"``, ``"4096"`` -> bytes."""
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": KiB, "M": MiB, "G": 1024 * MiB}.get(text[-1:], 1)
+    return float(text[:-1] if scale > 1 else text) * scale
+
+
+def gated_from(vendor: str, environ: Optional[Mapping[str, str]] = None) -> Dict[str, float]:
+    """For each nonblocking MPI call name (:data:`CALLS`), the bytes from which a
+    synchronous call is gated (``inf``: never), for this library and environment."""
+    environ = os.environ if environ is None else environ
+    table = dict(GATED_FROM[family(vendor)])
+    override = environ.get("HPCCOMM_MPI_GATED", "").strip()
+    if override:
+        if override.lower() in ("off", "0", "no", "none", "never"):
+            table = {}
+        else:
+            table = {}
+            for item in override.split(","):
+                name, _, size = item.partition("=")
+                name = name.strip()
+                if name == "all":
+                    table.update({op: parse_size(size) for op in CALLS})
+                elif name in CALLS:
+                    table[name] = parse_size(size)
+                else:
+                    raise ValueError(f"HPCCOMM_MPI_GATED: unknown operation {name!r} "
+                                     f"(choose from all, {', '.join(CALLS)})")
+    return {CALLS[op]: table.get(op, NEVER) for op in CALLS}
+
+
+#: Code of each gateable call in a signature (the order is part of the wire format).
+_CODES = {name: code for code, name in enumerate(CALLS.values(), start=1)}
+_NAMES = {code: name for name, code in _CODES.items()}
+#: Nonblocking call name -> its blocking twin (``Iallreduce`` -> ``Allreduce``).
+_BLOCKING = {name: name[1].upper() + name[2:] for name in CALLS.values()}
+_SIGNATURE = struct.Struct("<qqq")  # call code, bytes, root (-1: none)
+_ROOTED = {"Ibcast", "Ireduce"}  # calls whose last argument is the root
+
+
+def dup_within(comm: Any, timeout: Optional[float]) -> Any:
+    """``comm`` duplicated (``MPI_Comm_idup`` polled under ``timeout``)."""
+    new, request = comm.Idup()
+    if poll(request.Test, timeout):
+        raise DistTimeoutError(f"creating the MPI backend of a group of {comm.Get_size()} "
+                               f"ranks: not every rank arrived within {timeout} s")
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    return new
+
+
+class Gate:
+    """The gates of one communicator: a duplicate of it that carries the signature
+    exchanges (so they never match a data collective), and per (call, bytes, root) the
+    signature, what every rank must send, and the blocking twin of the call."""
+
+    #: Distinct (call, bytes, root) signatures kept; more clears the cache.
+    CACHE = 1024
+
+    def __init__(self, comm: Any, timeout: Optional[float]):
+        self.comm = dup_within(comm, timeout)
+        self.size = self.comm.Get_size()
+        self._signatures: Dict[Tuple[str, int, int], Tuple[bytes, bytes, Any]] = {}
+
+    def start(self, nbytes: int, finish: Optional[Callable[[], Any]],
+              call: Callable[..., Any], args: Tuple[Any, ...]) -> Started:
+        """The triple of ``call(*args)`` gated: ``(Gated, its finish, args)``."""
+        name = call.__name__
+        key = (name, nbytes, args[-1] if name in _ROOTED else -1)
+        found = self._signatures.get(key)
+        if found is None:
+            if len(self._signatures) >= self.CACHE:
+                self._signatures.clear()
+            signature = _SIGNATURE.pack(_CODES[name], nbytes, key[2])
+            blocking = getattr(call.__self__, _BLOCKING[name])
+            found = self._signatures[key] = (signature, signature * self.size, blocking)
+        gated = Gated(self.comm, call, args, finish, *found)
+        return gated, gated.finish, args
+
+    def free(self) -> None:
+        comm, self.comm = self.comm, None
+        if comm is not None and not MPI.Is_finalized():
+            try:
+                comm.Free()
+            except MPI.Exception:
+                pass
+
+
+class Gated(Deferred):
+    """One collective started as a gate, then the blocking call (see the module doc).
+
+    As a ``test`` it posts the signature all-gather on its first call and is true once
+    every rank's signature is in (raising if they differ); :meth:`finish` then makes the
+    blocking call and runs ``after``. :meth:`start_async` starts the nonblocking call
+    instead (``async_op``), and the gate is never posted.
+    """
+
+    __slots__ = ("gate", "call", "args", "after", "signature", "expected", "blocking",
+                 "seen", "test_now")
+
+    def __init__(self, gate: Any, call: Callable[..., Any], args: Tuple[Any, ...],
+                 after: Optional[Callable[[], Any]], signature: bytes, expected: bytes,
+                 blocking: Callable[..., Any]):
+        self.gate, self.call, self.args, self.after = gate, call, args, after
+        self.signature, self.expected, self.blocking = signature, expected, blocking
+        self.seen: Optional[bytearray] = None
+        self.test_now: Optional[Callable[[], bool]] = None
+
+    def __call__(self) -> bool:
+        test = self.test_now
+        if test is None:
+            self.seen = bytearray(len(self.expected))
+            test = self.test_now = self.gate.Iallgather(self.signature, self.seen).Test
+        if not test():
+            return False
+        if self.seen is not None and self.seen != self.expected:
+            raise DistBackendError(self._mismatch())
+        return True
+
+    def start_async(self) -> None:
+        if self.test_now is None:
+            self.test_now = self.call(*self.args).Test
+
+    def finish(self) -> Any:
+        if self.seen is not None:  # every rank is inside this very call
+            self.blocking(*self.args)
+        return None if self.after is None else self.after()
+
+    def _mismatch(self) -> str:
+        """Which rank is in which collective, for the error."""
+        assert self.seen is not None
+        width = _SIGNATURE.size
+        theirs = [bytes(self.seen[i:i + width]) for i in range(0, len(self.seen), width)]
+        others = [f"rank {rank}: {_describe(sig)}" for rank, sig in enumerate(theirs)
+                  if sig != self.signature]
+        return (f"the ranks of the group are in different collectives (this rank: "
+                f"{_describe(self.signature)}; {'; '.join(others)}); the group is now "
+                f"unusable")
+
+
+def _describe(signature: bytes) -> str:
+    code, nbytes, root = _SIGNATURE.unpack(signature)
+    name = _BLOCKING.get(_NAMES.get(code, ""), f"call {code}")
+    return f"MPI_{name} of {nbytes} bytes" + (f", root {root}" if root >= 0 else "")

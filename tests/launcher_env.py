@@ -1,0 +1,29 @@
+"""The environment for a job that a test starts itself (``mpiexec``, ``hpccomm run``...).
+
+A test may run under a launcher; a job it starts must not inherit that launcher's
+per-process variables (this process's rank, its PMI/PMIx connection), or the new job's
+ranks would take themselves for part of this one. The MPI library's *settings* stay:
+Open MPI's permission to run as root and to oversubscribe (``OMPI_ALLOW_RUN_AS_ROOT*``,
+``PRTE_MCA_*``), MCA parameters, Intel MPI's ``I_MPI_*`` options.
+"""
+import os
+
+#: Variables a launcher sets for each process it starts (by prefix).
+PER_PROCESS = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+               "OMPI_COMM_WORLD_", "OMPI_WORLD_", "OMPI_UNIVERSE_SIZE", "OMPI_FILE_LOCATION",
+               "OMPI_COMMAND", "OMPI_ARGV", "OMPI_NUM_APP_CTX", "OMPI_FIRST_RANKS",
+               "OMPI_APP_CTX_", "OMPI_MCA_num_procs", "OMPI_MCA_initial_wdir",
+               "OMPI_MCA_cpu_type", "OMPI_TOOL_NAME", "PRTE_LAUNCHED", "I_MPI_INFO_",
+               "I_MPI_PIN_INFO", "I_MPI_PIN_MAPPING", "I_MPI_HYDRA_UUID")
+#: ... except these settings, which share a prefix with them.
+SETTINGS = ("PMIX_MCA_",)
+
+
+def without_launcher(extra_prefixes=(), env=None, **extra):
+    """A copy of ``env`` (default ``os.environ``) without launcher per-process variables
+    nor names starting with ``extra_prefixes``, updated with ``extra``."""
+    env = os.environ if env is None else env
+    drop = PER_PROCESS + tuple(extra_prefixes)
+    clean = {k: v for k, v in env.items() if not k.startswith(drop) or k.startswith(SETTINGS)}
+    clean.update(extra)
+    return clean
