@@ -607,3 +607,25 @@ def _main_8():
 
 if __name__ == "__main__":
     _main_8()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_cartesian_slice_keeping_no_dimension_is_each_rank_alone(dist, rank, size):
+    """MPI_Cart_sub keeping no dimension gives every rank a group of itself (the standard's
+    rule; Intel MPI returns MPI_COMM_NULL on ranks other than 0, which hpccomm covers)."""
+    from hpccomm.backends import mpi
+    cart = mpi.cart_create(dist.group.WORLD.comm, (1, size))
+    try:
+        for remain in ([False, False], [True, False]):
+            sub = mpi.cart_sub(cart, remain)
+            try:
+                assert sub.Get_size() == 1 and sub.Get_rank() == 0
+            finally:
+                mpi.free(sub)
+        whole = mpi.cart_sub(cart, [False, True])
+        try:
+            assert whole.Get_size() == size and whole.Get_rank() == rank
+        finally:
+            mpi.free(whole)
+    finally:
+        mpi.free(cart)

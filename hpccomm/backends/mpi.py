@@ -430,8 +430,19 @@ def cart_sub(cart: Any, remain_dims: Sequence[bool]) -> Any:
     """``MPI_Cart_sub``: this rank's slice keeping the ``remain_dims`` dimensions.
 
     Collective over the whole Cartesian communicator; each rank gets its own slice.
+    Keeping no dimension gives each rank a communicator of itself alone, made locally:
+    the standard asks ``MPI_Cart_sub`` for that, but Intel MPI returns
+    ``MPI_COMM_NULL`` on every rank but 0. (Every rank passes the same mask, so all of
+    them skip the collective alike.)
     """
-    sub = cart.Sub([bool(keep) for keep in remain_dims])
+    remain = [bool(keep) for keep in remain_dims]
+    if not any(remain):
+        sub = MPI.COMM_SELF.Dup()
+    else:
+        sub = cart.Sub(remain)
+        if sub == MPI.COMM_NULL:
+            raise DistBackendError(f"MPI_Cart_sub({remain}) returned MPI_COMM_NULL on "
+                                   f"rank {cart.Get_rank()} of a Cartesian communicator")
     sub.Set_errhandler(MPI.ERRORS_RETURN)
     return sub
 
