@@ -2,8 +2,8 @@
 
 Run as ``mpiexec -n N python this.py CASE``; every message goes through shared memory
 (``HPCCOMM_SHM_MIN_BYTES=1``, small ring slots). Lines starting with ``RESULT`` are what
-the test checks. After a timeout the group is unusable, so survivors leave with
-``os._exit`` once they have reported (a dead peer can stall ``MPI_Finalize``).
+the test checks. After a timeout the group is unusable: survivors destroy it and exit
+normally, except where a peer was killed (it can stall ``MPI_Finalize``: ``os._exit``).
 """
 import os
 import signal
@@ -74,11 +74,18 @@ def killed():
     os._exit(0)
 
 
+def leave():
+    """The documented way out after a timeout: destroy the groups, exit normally (so
+    every MPI, Open MPI included, sees each rank finalize)."""
+    dist.destroy_process_group()
+    sys.exit(0)
+
+
 def absent():
     """Rank 1 never comes: each shared-memory collective of rank 0 raises in time."""
     if dist.get_rank() == 1:
         time.sleep(TIMEOUT * 4 + 6)
-        os._exit(0)
+        leave()
     n = 1 << 14
     ops = {
         "all_reduce": lambda: dist.all_reduce(np.ones(n)),
@@ -96,7 +103,7 @@ def absent():
             raised.append(name)
         slowest = max(slowest, time.monotonic() - start)
     say(f"raised={','.join(raised)}", f"slowest={slowest:.2f}")
-    os._exit(0)
+    leave()
 
 
 if __name__ == "__main__":
