@@ -159,7 +159,8 @@ from test_slurm import _wait_job, slurm  # noqa: E402,F401  (a real single-node 
 
 
 def test_ddp_job_script_under_slurm(slurm, tmp_path):  # noqa: F811
-    """jobscripts/torch_ddp.sbatch: srun --mpi=pmi2 starts the DDP example on 2 ranks."""
+    """jobscripts/torch_ddp.sbatch: srun, with the --mpi plugin of the installed MPI, starts
+    the DDP example on 2 ranks."""
     out = tmp_path / "torch_ddp.out"
     env = dict(slurm.env, HPCCOMM_PYTHON=sys.executable, HPCCOMM_CPU_BIND="none",
                OMP_NUM_THREADS="1")
