@@ -265,7 +265,7 @@ def test_raw_protocol_matches_the_documentation():
     sock = socket.create_connection(("127.0.0.1", master.port))
     (n,) = struct.unpack(">I", sock.recv(4))
     hello = sock.recv(n)
-    assert hello.startswith(b"HPCS1\x00")  # hello, no auth (+ the local socket's name)
+    assert hello.startswith(b"HPCS2\x00")  # hello, no auth (+ the local socket's name)
     nonce, local = parse_hello(hello)
     assert nonce is None and (local.startswith(b"\0hpccomm-store-") or not local)
     sock.sendall(frame(encode_request(Op.ADD, [b"c", b"5"])))
@@ -400,3 +400,25 @@ def test_a_finalizer_in_a_starting_server_thread_cannot_deadlock():
                           text=True, timeout=60, env=env, cwd=root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_large_values_and_frames_split_anywhere():
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
+    client = TCPStore("127.0.0.1", master.port, timeout=30)
+    big = os.urandom(6 << 20)
+    client.set("big", big)
+    assert master.get("big") == big
+    assert client.multi_get(["big", "big"]) == [big, big]
+    # a raw client that sends its requests one byte at a time, two frames in one go
+    raw = socket.create_connection(("127.0.0.1", master.port))
+    raw.settimeout(10)
+    (n,) = struct.unpack(">I", raw.recv(4))
+    raw.recv(n)  # hello
+    data = frame(encode_request(Op.SET, [b"k", b"v" * 100])) + frame(encode_request(Op.GET, [b"k"]))
+    for i in range(len(data)):
+        raw.sendall(data[i:i + 1])
+        time.sleep(0.0005 if i < 8 else 0)  # split the length prefix for sure
+    assert _raw_reply(raw) == (Status.OK, [])
+    assert _raw_reply(raw) == (Status.OK, [b"v" * 100])
+    raw.close()
+    master.close()

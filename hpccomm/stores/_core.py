@@ -3,12 +3,14 @@
 :class:`StoreCore` owns one :class:`KVState`, decodes request payloads, answers what
 can be answered now and parks the rest (``get`` of a missing key, ``wait``, blocking
 ``queue_pop``) until a later change satisfies them or their deadline passes. It does
-no I/O and takes no locks: each server calls it from one thread at a time and ships
-the ``(token, reply)`` pairs back to whoever ``token`` names.
+no I/O and takes no locks: each server calls it from one thread at a time. A reply
+to the request just submitted is returned; replies that a change makes due to parked
+requests of other clients are queued in :attr:`StoreCore.outbox` as ``(token, reply)``
+pairs for the server to ship to whoever ``token`` names.
 
 :meth:`StoreCore.submit` is the servers' hot path: one decode, one handler call, one
-encode, and the parked requests are looked at only when some exist and the state
-changed.
+encode, no allocation beyond the reply, and the parked requests are looked at only
+when some exist and the state changed.
 """
 from __future__ import annotations
 
@@ -39,11 +41,14 @@ class StoreCore:
         self._encode = encode_framed_reply if framed else encode_reply
         self._waiters: List[_Waiter] = []
         self._earliest = math.inf  # no waiter's deadline is before this
+        #: Replies due to parked requests, ``(token, reply)``; the server empties it.
+        self.outbox: Outgoing = []
 
     def submit(self, token: Hashable, payload: bytes, now: Optional[float] = None,
-               start: int = 0, end: int = -1) -> Outgoing:
-        """Handle the request ``payload[start:end]`` from ``token``; the replies now due
-        (to anyone). ``now`` (``time.monotonic()``) is read only if the request parks.
+               start: int = 0, end: int = -1) -> Optional[bytes]:
+        """Handle the request ``payload[start:end]`` from ``token``: its reply, or None
+        when it parks. Replies it makes due to others land in :attr:`outbox`.
+        ``now`` (``time.monotonic()``) is read only if the request parks.
 
         Raises :class:`~hpccomm.stores._wire.ProtocolError` for a malformed payload,
         before the state is touched.
@@ -61,11 +66,11 @@ class StoreCore:
             self._waiters.append(_Waiter(token, op, fields, deadline))
             if deadline < self._earliest:
                 self._earliest = deadline
-            return []
-        out = [(token, self._encode(*result))]
+            return None
         if self._waiters and state.version != before:
-            out += self._retry()
-        return out
+            self.outbox += self._retry()
+        status, out = result
+        return self._encode(status, out)
 
     def _retry(self) -> Outgoing:
         """Answer every waiter the state now satisfies (a pop may unblock others)."""
@@ -86,6 +91,15 @@ class StoreCore:
     def waiting(self) -> int:
         """How many requests are parked."""
         return len(self._waiters)
+
+    def due(self, now: float) -> bool:
+        """Whether some parked request's deadline has passed (cheap)."""
+        return now >= self._earliest
+
+    @property
+    def next_expiry(self) -> float:
+        """No parked request's deadline comes before this (``math.inf``: none parked)."""
+        return self._earliest
 
     def expire(self, now: float) -> Outgoing:
         """Time out the waiters whose deadline has passed; their replies."""

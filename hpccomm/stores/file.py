@@ -36,7 +36,7 @@ from hpccomm.stores._state import PENDING, KVState
 from hpccomm.stores._wire import Op, ProtocolError, Status, pack_fields, unpack_fields
 from hpccomm.stores.base import RequestStore, Store
 
-MAGIC = b"HPCCOMM-FILESTORE-1\n"
+MAGIC = b"HPCCOMM-FILESTORE-2\n"
 _LOCK_TIMEOUT_S = 60.0
 #: POSIX locks belong to the process: threads of one process take this first.
 _thread_locks: Dict[str, threading.Lock] = {}

@@ -110,15 +110,25 @@ class _Server:
         """Apply one request of rank 0 and return its reply (waiting if it parks)."""
         me = _Local()
         with self.lock:
-            out = self.core.submit(me, payload, time.monotonic())
-        self._deliver(out)
-        if me.reply is None and not me.done.wait(limit):
+            reply = self.core.submit(me, payload)
+            out = self._take_outbox()
+        if out:
+            self._deliver(out)
+        if reply is not None:
+            return reply
+        if not me.done.wait(limit):
             with self.lock:
                 self.core.drop(me)
             if me.reply is None:
                 raise DistStoreError(f"MPIStore: no reply from the store within "
                                      f"{limit:.0f}s (is its server thread alive?)")
         return me.reply
+
+    def _take_outbox(self) -> Outgoing:
+        out = self.core.outbox
+        if out:
+            self.core.outbox = []
+        return out
 
     # -- the serving thread ----------------------------------------------------------
     def _deliver(self, out: Outgoing) -> None:
@@ -128,8 +138,11 @@ class _Server:
                 token.reply = reply
                 token.done.set()
             else:
-                source, tag = token
-                self.sends.append((self.comm.Isend([reply, MPI.BYTE], source, tag), reply))
+                self._send(token, reply)
+
+    def _send(self, token: Tuple[int, int], reply: bytes) -> None:
+        source, tag = token
+        self.sends.append((self.comm.Isend([reply, MPI.BYTE], source, tag), reply))
 
     def _run(self) -> None:
         comm, core, lock = self.comm, self.core, self.lock
@@ -148,14 +161,18 @@ class _Server:
                     now = monotonic()
                     with lock:
                         try:
-                            out = core.submit(token, bytes(buf), now)
+                            reply = core.submit(token, bytes(buf), now)
                         except ProtocolError as exc:  # ranks are trusted: answer, don't drop
-                            out = [(token, encode_reply(Status.ERROR, [str(exc).encode()]))]
-                    self._deliver(out)
+                            reply = encode_reply(Status.ERROR, [str(exc).encode()])
+                        out = self._take_outbox()
+                    if reply is not None:
+                        self._send(token, reply)
+                    if out:
+                        self._deliver(out)
                     spin_until, delay = now + spin_s, _MIN_SLEEP_S
                     continue
                 now = monotonic()
-                if core.waiting:
+                if core.due(now):
                     with lock:
                         out = core.expire(now)
                     self._deliver(out)

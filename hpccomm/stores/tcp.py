@@ -27,8 +27,11 @@ from hpccomm.errors import DistNetworkError, DistStoreError
 from hpccomm.stores import _spin
 from hpccomm.stores._deferred import Deferred
 from hpccomm.stores._state import INTERNAL_PREFIX
-from hpccomm.stores._wire import (FRAME_HEAD, MAX_PAYLOAD, Op, ProtocolError, Status,
+from hpccomm.stores._wire import (FRAME_HEAD, MAX_PAYLOAD, ProtocolError, Status,
                                   decode_reply, encode_framed_request, frame)
+from hpccomm.stores._wire import unpack_framed_reply_none as _unpack_reply_none
+from hpccomm.stores._wire import unpack_framed_reply_one as _unpack_reply_one
+from hpccomm.stores._wire import op_name
 from hpccomm.stores.base import DEFAULT_TIMEOUT, RequestStore, Store, Timeout, _ms
 from hpccomm.stores.tcp_server import AUTH_OK, TCPStoreServer, auth_digest, parse_hello
 
@@ -40,6 +43,9 @@ _GRACE_S = 30.0
 _JOINED = (INTERNAL_PREFIX + b"workers").decode()
 _ALL_JOINED = (INTERNAL_PREFIX + b"workers_all").decode()
 _unpack_len = FRAME_HEAD.unpack_from
+_STATUSES = tuple(Status)
+_OK = Status.OK
+_RECV_SIZE = 4096  # most replies fit; small reads allocate less
 #: A blocked client wakes at least this often to check its deadline.
 _SLICE_S = 1.0
 _SLICE = struct.pack("ll", int(_SLICE_S), 0)
@@ -244,12 +250,20 @@ class _Connection:
                 if self.spin_s:
                     self._spin()
                 try:
-                    data = sock.recv(1 << 16)
+                    data = sock.recv(_RECV_SIZE)
                 except BlockingIOError:  # a receive-timeout slice passed
                     data = None
-                if not data or len(data) < 4 or len(data) != 4 + _unpack_len(data, 0)[0]:
-                    data = self._rest(sock, data, wait_s)
-                return decode_reply(data, 4)
+                else:  # the common replies, one unpack each
+                    size = len(data)
+                    if size >= 13:
+                        flen, status, count, n = _unpack_reply_one(data)
+                        if count == 1 and flen == size - 4 and n == size - 13 and status < 4:
+                            return _STATUSES[status], [data[13:]]
+                    elif size == 9:
+                        flen, status, count = _unpack_reply_none(data)
+                        if flen == 5 and not count and status < 4:
+                            return _STATUSES[status], []
+                return decode_reply(self._rest(sock, data, wait_s), 4)
             except BaseException as exc:
                 self._drop()  # the stream is out of step now: reconnect next time
                 if isinstance(exc, ProtocolError):
@@ -273,33 +287,35 @@ class _Connection:
 
     def _rest(self, sock: socket.socket, data: Optional[bytes], wait_s: float) -> bytes:
         """Receive until ``data`` is one whole reply frame (the rare slow path: a reply
-        that is parked on the server, large, or split)."""
+        that is parked on the server, large, or split). Pieces are joined once."""
         deadline = time.monotonic() + wait_s
+        parts: List[bytes] = [data] if data else []
+        have, need = len(data or b""), 0
         while True:
-            if data is not None:
-                if not data:
-                    raise DistNetworkError(f"TCPStore: connection closed by the server "
-                                           f"{self.host}:{self.port}")
-                if len(data) >= 4:
-                    need = 4 + _unpack_len(data, 0)[0]
-                    if len(data) == need:
-                        return data
-                    if len(data) > need:
-                        raise ProtocolError("bytes after the reply")
-                    if need > MAX_PAYLOAD + 4:
-                        raise DistNetworkError(f"TCPStore: reply of {need} bytes exceeds "
-                                               "the limit")
+            if data is not None and not data:
+                raise DistNetworkError(f"TCPStore: connection closed by the server "
+                                       f"{self.host}:{self.port}")
+            if not need and have >= 4:
+                head = b"".join(parts)
+                parts, need = [head], 4 + _unpack_len(head, 0)[0]
+                if need > MAX_PAYLOAD + 4:
+                    raise DistNetworkError(f"TCPStore: reply of {need} bytes exceeds the "
+                                           "limit")
+            if need and have >= need:
+                if have > need:
+                    raise ProtocolError("bytes after the reply")
+                return parts[0] if len(parts) == 1 else b"".join(parts)
             try:
-                chunk = sock.recv(1 << 16)
+                data = sock.recv(min(need - have, 1 << 20) if need else _RECV_SIZE)
             except BlockingIOError:  # one receive-timeout slice passed
                 if time.monotonic() >= deadline:
                     raise DistStoreError(f"TCPStore: no reply from {self.host}:{self.port} "
                                          f"within {wait_s:.0f}s") from None
+                data = None
                 continue
-            if not chunk:
-                data = chunk
-            else:
-                data = chunk if not data else data + chunk
+            if data:
+                parts.append(data)
+                have += len(data)
 
     def _drop(self) -> None:
         if self.sock is not None:
@@ -439,6 +455,19 @@ class TCPStore(RequestStore):
                                         self._timeout_s + _GRACE_S)
         return self._client.request(encode_framed_request(op, fields, _ms(timeout_s)),
                                     timeout_s + _GRACE_S)
+
+    def _ok(self, op: int, fields: Sequence[bytes], timeout_s: Optional[float] = None,
+            what: str = "") -> List[bytes]:
+        # _call inlined: this is every request's path
+        if timeout_s is None:
+            status, out = self._client.request(encode_framed_request(op, fields),
+                                               self._timeout_s + _GRACE_S)
+        else:
+            status, out = self._client.request(
+                encode_framed_request(op, fields, _ms(timeout_s)), timeout_s + _GRACE_S)
+        if status is _OK:
+            return out
+        raise self._error(status, out, what or op_name(op).lower(), timeout_s)
 
     def _where(self) -> str:
         return f"TCPStore {self._host}:{self._port}"

@@ -2,9 +2,9 @@
 
 Connection protocol (all frames are ``len:u32`` + payload, big-endian):
 
-1. The server sends a hello: ``b"HPCS1"`` + ``auth:u8`` (+ a 32-byte nonce when
+1. The server sends a hello: ``b"HPCS2"`` + ``auth:u8`` (+ a 32-byte nonce when
    ``auth`` is 1) (+ the name of the server's local socket, on Linux).
-2. With auth, the client answers ``HMAC-SHA256(secret, b"HPCS1" + nonce)`` (32 bytes)
+2. With auth, the client answers ``HMAC-SHA256(secret, b"HPCS2" + nonce)`` (32 bytes)
    and the server acknowledges with ``b"\\x01"``; a wrong or missing answer is logged
    on the ``hpccomm.stores`` logger and the connection is closed.
 3. Then each request frame (see :mod:`hpccomm.stores._wire`) gets one reply frame,
@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 import select
 import socket
@@ -48,11 +49,11 @@ from hpccomm.stores._wire import FRAME_HEAD, MAX_PAYLOAD, ProtocolError, frame
 
 log = logging.getLogger("hpccomm.stores")
 
-HELLO_MAGIC = b"HPCS1"
+HELLO_MAGIC = b"HPCS2"
 AUTH_OK = b"\x01"
 #: A client that has not authenticated within this many seconds is dropped.
 AUTH_GRACE_S = 10.0
-_RECV_SIZE = 1 << 16
+_RECV_SIZE = 4096  # small reads allocate less; big frames arrive in pieces
 _unpack_len = FRAME_HEAD.unpack_from
 _pack_len = FRAME_HEAD.pack
 
@@ -117,18 +118,21 @@ def auth_digest(secret: bytes, nonce: bytes) -> bytes:
 
 
 class _Conn:
-    __slots__ = ("sock", "fd", "peer", "inbuf", "outbuf", "nonce", "authed", "opened",
-                 "closed", "writing", "replies")
+    __slots__ = ("sock", "fd", "peer", "parts", "have", "need", "outbuf", "outpos", "nonce",
+                 "authed", "opened", "closed", "writing", "replies")
 
     def __init__(self, sock: socket.socket, peer: str, nonce: Optional[bytes]):
         self.sock, self.fd, self.peer, self.nonce = sock, sock.fileno(), peer, nonce
-        self.inbuf = b""      # the start of a frame not received in full yet
-        self.outbuf = b""     # reply bytes the socket did not take yet
+        self.parts: List[bytes] = []  # received pieces of a frame not complete yet
+        self.have = 0                 # how many bytes ``parts`` hold
+        self.need = 0                 # how many the frame needs (4: length unknown yet)
+        self.outbuf = b""             # reply bytes the socket did not take yet...
+        self.outpos = 0               # ...from this offset on
         self.authed = nonce is None
         self.opened = time.monotonic()
         self.closed = False
         self.writing = False
-        self.replies: List[bytes] = []  # framed replies of this round, not sent yet
+        self.replies: List[bytes] = []  # posted replies to parked requests, not sent yet
 
 
 class TCPStoreServer:
@@ -146,7 +150,7 @@ class TCPStoreServer:
         self._poller = _Poller()
         self._wake_r, self._wake_w = socket.socketpair()
         self._conns: Dict[int, _Conn] = {}
-        self._pending: List[_Conn] = []  # connections with replies to send this round
+        self._pending: List[_Conn] = []  # connections with posted replies
         self._unauthed = 0
         self._stopping = False
         listener.setblocking(False)
@@ -202,8 +206,9 @@ class TCPStoreServer:
                 sock.close()
 
     def _run(self) -> None:
-        poll, conns = self._poller.poll, self._conns
-        core, monotonic, sched_yield = self.core, time.monotonic, _spin.sched_yield
+        poll, conns, core = self._poller.poll, self._conns, self.core
+        monotonic, sched_yield = time.monotonic, _spin.sched_yield
+        readable, writable, inf = _IN | _ERR, _OUT, math.inf
         spin_s = _spin.SERVER_SPIN_S
         spin_until = 0.0
         try:
@@ -214,10 +219,8 @@ class TCPStoreServer:
                         now = monotonic()
                         if now >= spin_until:
                             spin_until = 0.0
-                        if core.waiting:
+                        if core.due(now):
                             self._expire(now)
-                            if self._pending:
-                                self._send_round()
                         sched_yield()
                         continue
                 else:
@@ -226,9 +229,9 @@ class TCPStoreServer:
                 for fd, mask in events:
                     conn = conns.get(fd)
                     if conn is not None:
-                        if mask & (_IN | _ERR):
-                            served = self._read(conn) or served
-                        if mask & _OUT and not conn.closed:
+                        if mask & readable and self._read(conn):
+                            served = True
+                        if mask & writable and not conn.closed:
                             self._flush(conn)
                     elif fd == self._listen_fd:
                         self._accept(self.listener, self.local_name)
@@ -239,10 +242,12 @@ class TCPStoreServer:
                             self._wake_r.recv(4096)
                         except OSError:
                             pass
-                if core.waiting or self._unauthed:
-                    self._expire(monotonic())
-                if self._pending:
-                    self._send_round()
+                if core.outbox:
+                    self._route()
+                if self._unauthed or core.next_expiry != inf:
+                    now = monotonic()
+                    if self._unauthed or core.due(now):
+                        self._expire(now)
                 if served and spin_s > 0:
                     spin_until = monotonic() + spin_s
         except Exception:  # the thread must never die silently
@@ -262,7 +267,10 @@ class TCPStoreServer:
 
     def _expire(self, now: float) -> None:
         """Answer parked requests whose deadline passed; drop slow authenticators."""
-        self._dispatch(self.core.expire(now))
+        for conn, reply in self.core.expire(now):
+            self._post(conn, reply)
+        if self._pending:
+            self._send_round()
         if self._unauthed:
             for conn in [c for c in self._conns.values() if not c.authed]:
                 if now - conn.opened > AUTH_GRACE_S:
@@ -319,11 +327,26 @@ class TCPStoreServer:
         if not data:
             self._close(conn)
             return False
-        if conn.inbuf:
-            data = conn.inbuf + data
-            conn.inbuf = b""
+        if conn.parts:
+            data = self._gather(conn, data)
+            if data is None:
+                return False
+        size = len(data)
+        if size > 4 and conn.authed and _unpack_len(data, 0)[0] == size - 4:
+            # the common case: exactly one whole request
+            try:
+                reply = self.core.submit(conn, data, None, 4, size)
+            except ProtocolError as exc:
+                self._malformed(conn, exc)
+                return False
+            if reply is not None:
+                self._write(conn, reply)
+            return True
+        return self._frames(conn, data)
+
+    def _frames(self, conn: _Conn, data: bytes) -> bool:
+        """Handle every complete frame in ``data``; keep the start of an incomplete one."""
         size, off, served = len(data), 0, False
-        core = self.core
         mine: List[bytes] = []
         while size - off >= 4:
             (n,) = _unpack_len(data, off)
@@ -340,34 +363,42 @@ class TCPStoreServer:
                     return False
             else:
                 try:
-                    out = core.submit(conn, data, None, off + 4, end)
+                    reply = self.core.submit(conn, data, None, off + 4, end)
                 except ProtocolError as exc:
-                    log.warning("TCPStore: closing %s: malformed request: %s", conn.peer, exc)
-                    self._close(conn)
+                    self._malformed(conn, exc)
                     return False
                 served = True
-                for token, reply in out:
-                    if token is conn:
-                        mine.append(reply)
-                    else:  # a parked request of another client, answered by this one
-                        if not token.replies:
-                            self._pending.append(token)
-                        token.replies.append(reply)
+                if reply is not None:
+                    mine.append(reply)
             off = end
-        if off < size:
-            conn.inbuf = data[off:]
         if mine:
             self._write(conn, mine[0] if len(mine) == 1 else b"".join(mine))
+        if off < size:
+            rest = data[off:]
+            conn.parts, conn.have = [rest], len(rest)
+            conn.need = 4 + _unpack_len(rest, 0)[0] if len(rest) >= 4 else 4
         return served
 
-    def _send_round(self) -> None:
-        """Send the replies to parked requests that this round answered, one ``send``
-        per connection."""
-        pending, self._pending = self._pending, []
-        for conn in pending:
-            replies, conn.replies = conn.replies, []
-            if not conn.closed:
-                self._write(conn, replies[0] if len(replies) == 1 else b"".join(replies))
+    def _gather(self, conn: _Conn, data: bytes) -> Optional[bytes]:
+        """Add ``data`` to a frame received in pieces: the bytes once it is complete
+        (joined once, so a large value is not copied again and again), else None."""
+        conn.parts.append(data)
+        conn.have += len(data)
+        if conn.need == 4 and conn.have >= 4:  # the length prefix itself was split
+            head = b"".join(conn.parts)
+            conn.parts, conn.need = [head], 4 + _unpack_len(head, 0)[0]
+            if conn.need - 4 > self.max_payload:
+                conn.parts, conn.have, conn.need = [], 0, 0
+                return head  # _frames rejects it
+        if conn.have < conn.need:
+            return None
+        data = b"".join(conn.parts)
+        conn.parts, conn.have, conn.need = [], 0, 0
+        return data
+
+    def _malformed(self, conn: _Conn, exc: Exception) -> None:
+        log.warning("TCPStore: closing %s: malformed request: %s", conn.peer, exc)
+        self._close(conn)
 
     def _authenticate(self, conn: _Conn, answer: bytes) -> bool:
         if hmac.compare_digest(answer, auth_digest(self.secret, conn.nonce)):
@@ -379,16 +410,30 @@ class TCPStoreServer:
         self._close(conn)
         return False
 
-    def _dispatch(self, replies) -> None:
-        for conn, payload in replies:
+    def _route(self) -> None:
+        """Ship the replies to parked requests that the last requests answered."""
+        out, self.core.outbox = self.core.outbox, []
+        for conn, reply in out:
+            self._post(conn, reply)
+        self._send_round()
+
+    def _post(self, conn: _Conn, reply: bytes) -> None:
+        if not conn.closed:
+            if not conn.replies:
+                self._pending.append(conn)
+            conn.replies.append(reply)
+
+    def _send_round(self) -> None:
+        """Send the posted replies, one ``send`` per connection."""
+        pending, self._pending = self._pending, []
+        for conn in pending:
+            replies, conn.replies = conn.replies, []
             if not conn.closed:
-                if not conn.replies:
-                    self._pending.append(conn)
-                conn.replies.append(payload)
+                self._write(conn, replies[0] if len(replies) == 1 else b"".join(replies))
 
     def _write(self, conn: _Conn, data: bytes) -> None:
-        if conn.outbuf:
-            conn.outbuf += data
+        if conn.outbuf:  # still sending earlier bytes: queue behind them
+            conn.outbuf, conn.outpos = conn.outbuf[conn.outpos:] + data, 0
             return
         try:
             sent = conn.sock.send(data)
@@ -398,19 +443,20 @@ class TCPStoreServer:
             self._close(conn)
             return
         if sent < len(data):
-            conn.outbuf = data[sent:]
+            conn.outbuf, conn.outpos = data, sent
             self._want_write(conn, True)
 
     def _flush(self, conn: _Conn) -> None:
         try:
-            sent = conn.sock.send(conn.outbuf)
+            sent = conn.sock.send(memoryview(conn.outbuf)[conn.outpos:])
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._close(conn)
             return
-        conn.outbuf = conn.outbuf[sent:]
-        if not conn.outbuf:
+        conn.outpos += sent
+        if conn.outpos >= len(conn.outbuf):
+            conn.outbuf, conn.outpos = b"", 0
             self._want_write(conn, False)
 
     def _want_write(self, conn: _Conn, on: bool) -> None:
