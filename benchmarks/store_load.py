@@ -73,17 +73,9 @@ def measure(name: str, n: int, wall: float, lats: List[float]) -> Dict[str, obje
             "lats": lats, "load": os.getloadavg()[0]}
 
 
-# -- TCP stores: forked client processes ------------------------------------------------
+# -- TCP stores: a fresh coordinator process per run, clients from a forkserver ----------
 def _tcp_client(kind: str, port: int, n_ops: int, idx: int, start, out) -> None:
-    if kind == "torch":
-        import torch.distributed as tdist
-
-        store = tdist.TCPStore("127.0.0.1", port, is_master=False,
-                               timeout=datetime.timedelta(seconds=120))
-    else:
-        from hpccomm.stores import TCPStore
-
-        store = TCPStore("127.0.0.1", port, timeout=120)
+    store = _tcp_store(kind, port, master=False)
     store.set(f"ready/{idx}", "1")
     start.wait()
     t0 = time.perf_counter()
@@ -91,46 +83,72 @@ def _tcp_client(kind: str, port: int, n_ops: int, idx: int, start, out) -> None:
     out.put((t0, time.perf_counter(), lat))
 
 
-def _context(kind: str):
-    """Fork for hpccomm; for torch a forkserver that preloaded torch (forking a process
-    whose torch store threads run deadlocks the children)."""
-    if kind != "torch":
-        return multiprocessing.get_context("fork")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch.distributed"])
-    return ctx
-
-
-def _tcp_master(kind: str):
+def _tcp_store(kind: str, port: int, master: bool):
     if kind == "torch":
         import torch.distributed as tdist
 
-        return tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        return tdist.TCPStore("127.0.0.1", port, is_master=master, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=120))
     from hpccomm.stores import TCPStore
 
-    return TCPStore("127.0.0.1", 0, is_master=True, timeout=120)
+    return TCPStore("127.0.0.1", port, is_master=master, timeout=120)
+
+
+def _context(kind: str):
+    """A forkserver that preloaded the store's module: every client starts from a clean
+    process (forking one whose store threads run, or that loaded torch, is unsafe)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch.distributed" if kind == "torch" else "hpccomm.stores"])
+    ctx.Process(target=time.sleep, args=(0,)).start()  # start the server before any thread
+    return ctx
 
 
 def tcp_name(kind: str) -> str:
     return "torch TCPStore (libuv)" if kind == "torch" else "hpccomm TCPStore"
 
 
-def bench_tcp(kind: str, n: int, n_ops: int) -> Dict[str, object]:
+def tcp_worker(kind: str, n: int, n_ops: int, idle_s: float, out_path: str) -> None:
+    """Body of the coordinator process: a load run, or a burst then an idle window."""
     ctx = _context(kind)
-    master = _tcp_master(kind)
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_tcp_client, args=(kind, master.port, n_ops, i, start, out))
-             for i in range(n)]
-    for p in procs:
-        p.start()
-    master.wait([f"ready/{i}" for i in range(n)])
-    start.set()
-    results = [out.get(timeout=300) for _ in range(n)]
-    for p in procs:
-        p.join(60)
-    wall = max(r[1] for r in results) - min(r[0] for r in results)
-    return measure(tcp_name(kind), n, wall, [x for r in results for x in r[2]])
+    master = _tcp_store(kind, 0, master=True)
+    if idle_s:
+        result = _idle_tcp(ctx, kind, master, idle_s)
+    else:
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_tcp_client, args=(kind, master.port, n_ops, i, start, out))
+                 for i in range(n)]
+        for p in procs:
+            p.start()
+        master.wait([f"ready/{i}" for i in range(n)])
+        start.set()
+        results = [out.get(timeout=300) for _ in range(n)]
+        for p in procs:
+            p.join(60)
+        wall = max(r[1] for r in results) - min(r[0] for r in results)
+        result = [wall, [x for r in results for x in r[2]]]
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+def _run_worker(args: List[str]) -> Optional[object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        cmd = [sys.executable, os.path.abspath(__file__), *args, "--out", out]
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        if proc.returncode != 0 or not os.path.exists(out):
+            print(f"{' '.join(args)} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+            return None
+        with open(out) as f:
+            return json.load(f)
+
+
+def bench_tcp(kind: str, n: int, n_ops: int) -> Optional[Dict[str, object]]:
+    got = _run_worker(["--tcp-worker", kind, "--n", str(n), "--ops", str(n_ops)])
+    if got is None:
+        return None
+    wall, lats = got
+    return measure(tcp_name(kind), n, wall, lats)
 
 
 def _cpu_seconds() -> float:
@@ -139,24 +157,14 @@ def _cpu_seconds() -> float:
 
 
 def _idle_client(kind: str, port: int, out) -> None:
-    if kind == "torch":
-        import torch.distributed as tdist
-
-        store = tdist.TCPStore("127.0.0.1", port, is_master=False,
-                               timeout=datetime.timedelta(seconds=120))
-    else:
-        from hpccomm.stores import TCPStore
-
-        store = TCPStore("127.0.0.1", port, timeout=120)
+    store = _tcp_store(kind, port, master=False)
     run_ops(store, "idle", 3000)
     out.put("burst done")
     out.put(store.get("stop"))  # blocks in the store until the master says stop
 
 
-def idle_tcp(kind: str, seconds: float) -> Dict[str, object]:
-    """CPU of the master process while a connected client waits and nobody else talks."""
-    ctx = _context(kind)
-    master = _tcp_master(kind)
+def _idle_tcp(ctx, kind: str, master, seconds: float) -> float:
+    """CPU % of the master process while a connected client waits and nobody talks."""
     out = ctx.Queue()
     proc = ctx.Process(target=_idle_client, args=(kind, master.port, out))
     proc.start()
@@ -164,13 +172,19 @@ def idle_tcp(kind: str, seconds: float) -> Dict[str, object]:
     time.sleep(0.05)
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
     time.sleep(seconds)
-    cpu = _cpu_seconds() - cpu0
-    wall = time.perf_counter() - t0
+    pct = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - t0)
     master.set("stop", "1")
     out.get(timeout=60)
     proc.join(30)
+    return pct
+
+
+def idle_tcp(kind: str, seconds: float) -> Optional[Dict[str, object]]:
+    pct = _run_worker(["--tcp-worker", kind, "--tcp-idle", str(seconds)])
+    if pct is None:
+        return None
     return {"store": tcp_name(kind), "where": "master process (server thread)",
-            "cpu_pct": 100.0 * cpu / wall, "load": os.getloadavg()[0]}
+            "cpu_pct": pct, "load": os.getloadavg()[0]}
 
 
 # -- MPIStore: one mpiexec run per configuration ----------------------------------------
@@ -297,6 +311,9 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="do not write docs/store-load.md")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ops", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--tcp-worker", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--tcp-idle", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--mpi-clients", default="all", help=argparse.SUPPRESS)
     parser.add_argument("--mpi-idle", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -304,18 +321,17 @@ def main() -> None:
     if args.mpi_worker:
         mpi_worker(args.ops, args.out, args.mpi_clients, args.mpi_idle)
         return
-    try:
-        import torch.distributed  # noqa: F401
+    if args.tcp_worker:
+        tcp_worker(args.tcp_worker, args.n, args.ops, args.tcp_idle, args.out)
+        return
+    import importlib.util
 
-        have_torch = True
-    except ImportError:
-        have_torch = False
+    have_torch = importlib.util.find_spec("torch") is not None  # imported in workers only
+    if not have_torch:
         print("torch is not installed: no torch TCPStore rows", file=sys.stderr)
     reps = 1 if args.quick else args.reps
     t_start = time.time()
     load_start = os.getloadavg()
-    if have_torch:
-        _context("torch").Process(target=time.sleep, args=(0,)).start()  # start it early
     configs = []
     for n in args.clients:
         configs += [("tcp", "hpccomm", n)] + ([("tcp", "torch", n)] if have_torch else [])
@@ -340,7 +356,9 @@ def main() -> None:
     if args.idle_s:
         seconds = 1.0 if args.quick else args.idle_s
         for kind in ["hpccomm"] + (["torch"] if have_torch else []):
-            idle_rows.append(idle_tcp(kind, seconds))
+            row = idle_tcp(kind, seconds)
+            if row is not None:
+                idle_rows.append(row)
         row = idle_mpi(4, seconds)
         if row is not None:
             idle_rows.append(row)
