@@ -10,6 +10,12 @@ threads it shares a core or an interpreter with run, and when the burst ends the
 waiting goes back to blocking (TCP) or to a sleep that grows with idleness (MPI),
 which costs next to nothing.
 
+Spinning only pays while a core is free. When runnable threads outnumber cores, each
+``sched_yield`` hands the core to another task and the spinner finds, on its next turn,
+that much more than a turn's time has passed. A gap over :data:`PREEMPTED_S` between two
+turns therefore ends the spin at once: on a busy machine the wait goes straight to
+blocking or sleeping, which the scheduler rewards, instead of competing for the core.
+
 The windows can be tuned with ``HPCCOMM_STORE_SPIN_US`` (server) and
 ``HPCCOMM_STORE_CLIENT_SPIN_US`` (client); 0 turns spinning off.
 """
@@ -32,3 +38,5 @@ def _env_seconds(name: str, default_us: float) -> float:
 SERVER_SPIN_S = _env_seconds("HPCCOMM_STORE_SPIN_US", 1000.0)
 #: How long a client polls for its reply before it blocks (or sleeps).
 CLIENT_SPIN_S = _env_seconds("HPCCOMM_STORE_CLIENT_SPIN_US", 200.0)
+#: A gap this long between two spin turns means the spinner lost its core: stop spinning.
+PREEMPTED_S = 50e-6

@@ -68,14 +68,16 @@ def _new_tag() -> int:
 
 def _wait_request(request: MPI.Request, seconds: float, what: str) -> None:
     """Poll ``request`` until it completes; ``DistStoreError`` after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    spin_end = time.monotonic() + _spin.CLIENT_SPIN_S
+    last = time.monotonic()
+    deadline, spin_end = last + seconds, last + _spin.CLIENT_SPIN_S
     delay = _MIN_SLEEP_S
     while not request.Test():
         now = time.monotonic()
-        if now < spin_end:
+        if now < spin_end and now - last < _spin.PREEMPTED_S:
             _spin.sched_yield()
+            last = time.monotonic()
             continue
+        spin_end = 0.0
         if now > deadline:
             raise DistStoreError(f"MPIStore: {what} did not complete within {seconds:.0f}s "
                                  "(does every rank of the communicator take part?)")
@@ -149,8 +151,8 @@ class _Server:
         improbe, status = comm.Improbe, MPI.Status()
         any_source, any_tag, byte = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.BYTE
         monotonic, sched_yield, sleep = time.monotonic, _spin.sched_yield, time.sleep
-        spin_s = _spin.SERVER_SPIN_S
-        spin_until, delay = 0.0, _MIN_SLEEP_S
+        spin_s, preempted = _spin.SERVER_SPIN_S, _spin.PREEMPTED_S
+        spin_until, delay, last = 0.0, _MIN_SLEEP_S, 0.0
         try:
             while not self.stopping:
                 msg = improbe(any_source, any_tag, status)
@@ -169,7 +171,7 @@ class _Server:
                         self._send(token, reply)
                     if out:
                         self._deliver(out)
-                    spin_until, delay = now + spin_s, _MIN_SLEEP_S
+                    spin_until, delay, last = now + spin_s, _MIN_SLEEP_S, monotonic()
                     continue
                 now = monotonic()
                 if core.due(now):
@@ -178,9 +180,11 @@ class _Server:
                     self._deliver(out)
                 if self.sends:
                     self._test_sends()
-                if now < spin_until:
+                if now < spin_until and now - last < preempted:
                     sched_yield()
+                    last = monotonic()
                     continue
+                spin_until = 0.0  # window over, or the core is contended: sleep
                 sleep(delay)
                 delay = min(delay * 2, _IDLE_SLEEP_S)
         except Exception:  # the thread must never die silently
@@ -310,13 +314,15 @@ class MPIStore(RequestStore):
         comm.Send([payload, MPI.BYTE], 0, tag)
         msg = comm.Improbe(0, tag, status)
         if msg is None:
-            now = time.monotonic()
-            deadline, spin_end, delay = now + limit, now + _spin.CLIENT_SPIN_S, _MIN_SLEEP_S
+            last = time.monotonic()
+            deadline, spin_end, delay = last + limit, last + _spin.CLIENT_SPIN_S, _MIN_SLEEP_S
             while msg is None:
                 now = time.monotonic()
-                if now < spin_end:
+                if now < spin_end and now - last < _spin.PREEMPTED_S:
                     _spin.sched_yield()
+                    last = time.monotonic()
                 else:
+                    spin_end = 0.0  # window over, or the core is contended: sleep
                     if now > deadline:
                         raise DistStoreError(
                             f"MPIStore: no reply from rank 0 within {limit:.0f}s (has rank 0 "

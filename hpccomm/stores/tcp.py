@@ -278,12 +278,17 @@ class _Connection:
                 raise
 
     def _spin(self) -> None:
-        """Poll for the reply for :attr:`spin_s` before the blocking receive."""
-        poll, spin_end = self._poll, time.monotonic() + self.spin_s
+        """Poll for the reply for :attr:`spin_s` before the blocking receive; stop at
+        once if the core turns out to be contended (see :mod:`._spin`)."""
+        poll, monotonic, sched_yield = self._poll, time.monotonic, _spin.sched_yield
+        last = monotonic()
+        spin_end = last + self.spin_s
         while not poll(0):
-            _spin.sched_yield()
-            if time.monotonic() > spin_end:
+            sched_yield()
+            now = monotonic()
+            if now > spin_end or now - last > _spin.PREEMPTED_S:
                 return
+            last = now
 
     def _rest(self, sock: socket.socket, data: Optional[bytes], wait_s: float) -> bytes:
         """Receive until ``data`` is one whole reply frame (the rare slow path: a reply

@@ -209,19 +209,20 @@ class TCPStoreServer:
         poll, conns, core = self._poller.poll, self._conns, self.core
         monotonic, sched_yield = time.monotonic, _spin.sched_yield
         readable, writable, inf = _IN | _ERR, _OUT, math.inf
-        spin_s = _spin.SERVER_SPIN_S
-        spin_until = 0.0
+        spin_s, preempted = _spin.SERVER_SPIN_S, _spin.PREEMPTED_S
+        spin_until = last = 0.0
         try:
             while not self._stopping:
                 if spin_until:
                     events = poll(0)
                     if not events:
                         now = monotonic()
-                        if now >= spin_until:
-                            spin_until = 0.0
+                        if now >= spin_until or now - last > preempted:
+                            spin_until = 0.0  # window over, or the core is contended
                         if core.due(now):
                             self._expire(now)
                         sched_yield()
+                        last = monotonic()
                         continue
                 else:
                     events = poll(self._block_timeout())
@@ -249,7 +250,8 @@ class TCPStoreServer:
                     if self._unauthed or core.due(now):
                         self._expire(now)
                 if served and spin_s > 0:
-                    spin_until = monotonic() + spin_s
+                    last = monotonic()
+                    spin_until = last + spin_s
         except Exception:  # the thread must never die silently
             log.exception("TCPStore server thread failed")
         finally:
