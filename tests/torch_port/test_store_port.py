@@ -235,6 +235,13 @@ def test_prefix_store_get_underlying_store(tmp_path):
 LIBUV = [False, True]
 
 
+def _share_keys_then_close(writer, reader):
+    writer.set("shared", "by both")
+    assert reader.get("shared") == b"by both"
+    writer.close()
+    reader.close()
+
+
 @pytest.mark.parametrize("use_libuv", LIBUV)
 def test_tcp_address_already_in_use(use_libuv):
     port = free_port()
@@ -251,10 +258,7 @@ def test_tcp_multitenancy(use_libuv):
     port = free_port()
     store1 = dist.TCPStore(HOST, port, 1, True, multi_tenant=True, use_libuv=use_libuv)
     store2 = dist.TCPStore(HOST, port, 1, True, multi_tenant=True, use_libuv=use_libuv)
-    store1.set("k", "v")
-    assert store2.get("k") == b"v"
-    store1.close()
-    store2.close()
+    _share_keys_then_close(store1, store2)
 
 
 def test_tcp_repr():
@@ -359,10 +363,7 @@ def test_tcp_agent_store(use_libuv, monkeypatch):
     second_server = dist.TCPStore(host_name=HOST, port=store.port, world_size=1,
                                   is_master=True, use_libuv=use_libuv)
     assert second_server.port == store.port
-    second_server.set("from", "agent client")
-    assert store.get("from") == b"agent client"
-    second_server.close()
-    store.close()
+    _share_keys_then_close(second_server, store)
 
 
 # -- PrefixTCPStoreTest ----------------------------------------------------------------------
@@ -376,25 +377,25 @@ def test_prefix_tcp_underlying_non_prefix_store():
 
 
 # -- RendezvousTCPTest's store checks (the rendezvous URL itself is not ported) ---------------
-def test_tcp_store_timeout_set():
+def _timed_out_get(key):
+    """A store whose 100 ms timeout (not the 10 s it was made with) ends a get of ``key``."""
     store0 = dist.TCPStore(HOST, free_port(), 1, True, timeout=timedelta(seconds=10))
     store0.set_timeout(timedelta(seconds=0.1))
     start = time.time()
-    with pytest.raises(DistStoreError, match="wait timeout after 100ms, keys: /nonexistent key"):
-        store0.get("nonexistent key")
+    with pytest.raises(DistStoreError, match=f"wait timeout after 100ms, keys: /{key}"):
+        store0.get(key)
     assert time.time() - start < 10
-    store0.close()
+    return store0
+
+
+def test_tcp_store_timeout_set():
+    _timed_out_get("nonexistent key").close()
 
 
 def test_tcp_store_timeout_doesnt_break_client():
-    store0 = dist.TCPStore(HOST, free_port(), 1, True, timeout=timedelta(seconds=10))
-    store0.set_timeout(timedelta(seconds=0.1))
-    start = time.time()
-    with pytest.raises(DistStoreError, match="wait timeout after 100ms, keys: /the_key"):
-        store0.get("the_key")
+    store0 = _timed_out_get("the_key")
     store0.set("the_key", "x")
     assert store0.get("the_key") == b"x"
-    assert time.time() - start < 10
     store0.close()
 
 
@@ -492,8 +493,7 @@ class BareStore(dist.Store):
     pass
 
 
-def test_python_store_optional_methods_fail():
-    store = BareStore()
+def _optional_methods_fail(store):
     assert not store.has_extended_api()
     with pytest.raises(RuntimeError, match="Not implemented."):
         store.append("foo", "bar")
@@ -501,17 +501,14 @@ def test_python_store_optional_methods_fail():
         store.multi_get(["foo", "bar"])
     with pytest.raises(RuntimeError, match="Not implemented."):
         store.multi_set(["foo", "bar"], [b"v", b"v"])
+
+
+def test_python_store_optional_methods_fail():
+    _optional_methods_fail(BareStore())
 
 
 def test_python_store_has_extended_api_passthrough():
-    store = dist.PrefixStore("p", BareStore())
-    assert not store.has_extended_api()
-    with pytest.raises(RuntimeError, match="Not implemented."):
-        store.append("foo", "bar")
-    with pytest.raises(RuntimeError, match="Not implemented."):
-        store.multi_get(["foo", "bar"])
-    with pytest.raises(RuntimeError, match="Not implemented."):
-        store.multi_set(["foo", "bar"], [b"v", b"v"])
+    _optional_methods_fail(dist.PrefixStore("p", BareStore()))
 
 
 def test_python_store_has_extended_api_roundtrip():
