@@ -374,17 +374,18 @@ def main() -> None:
 
 
 def write_doc(load_text: str, idle_text: str, reps: int, load_start, seconds: float) -> None:
+    when = datetime.date.today().isoformat()
     doc = f"""# Store load benchmark
 
 Regenerate with (on a quiet machine; takes about two minutes on 2 cores):
 
     flock /tmp/hpccomm-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/store_load.py
 
-Output of `benchmarks/store_load.py`: one host with {os.cpu_count()} CPU cores, Python
-{platform.python_version()}, {datetime.date.today().isoformat()}; load average
-{load_start[0]:.1f} / {load_start[1]:.1f} / {load_start[2]:.1f} (1/5/15 min) at the start,
-run took {seconds:.0f} s. The "load avg" column is the 1-minute load average during
-that row: on a machine shared with other jobs, compare rows of one run only.
+This run: one host with {os.cpu_count()} CPU cores, Python {platform.python_version()}, {when},
+{seconds:.0f} s. Load average at the start: {load_start[0]:.1f} / {load_start[1]:.1f} /
+{load_start[2]:.1f} (1/5/15 min); the "load avg" column is the 1-minute load average
+during each row. On a machine shared with other jobs the numbers move from run to run:
+compare rows of one run only.
 
 ## Throughput and latency
 

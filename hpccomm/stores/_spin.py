@@ -13,8 +13,10 @@ which costs next to nothing.
 Spinning only pays while a core is free. When runnable threads outnumber cores, each
 ``sched_yield`` hands the core to another task and the spinner finds, on its next turn,
 that much more than a turn's time has passed. A gap over :data:`PREEMPTED_S` between two
-turns therefore ends the spin at once: on a busy machine the wait goes straight to
-blocking or sleeping, which the scheduler rewards, instead of competing for the core.
+turns therefore ends a TCPStore spin at once: on a busy machine the wait goes straight
+to a blocking ``recv``/``epoll``, which the scheduler rewards, instead of competing for
+the core. MPIStore has no blocking wait to fall back on (only timer sleeps, far slower
+to notice a reply), so it yields for its whole window, as hpccomm's collective polls do.
 
 The windows can be tuned with ``HPCCOMM_STORE_SPIN_US`` (server) and
 ``HPCCOMM_STORE_CLIENT_SPIN_US`` (client); 0 turns spinning off.

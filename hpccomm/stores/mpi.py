@@ -15,7 +15,9 @@ server must neither block in MPI nor spin for ever:
 
 * after each request it keeps polling (``Improbe`` and ``sched_yield``) for
   :data:`~hpccomm.stores._spin.SERVER_SPIN_S`, so a burst of requests (start-up,
-  barriers through the store) is served without any sleep;
+  barriers through the store) is served without any sleep. Unlike the TCP side it keeps
+  yielding even when the core is contended: the alternative is a timer sleep, which on
+  a busy node costs far more latency than a yield that lets the other ranks run;
 * then it sleeps between polls, from 50 µs growing to :data:`_IDLE_SLEEP_S`, so an
   idle job pays about a hundred short wake-ups per second on rank 0 and nothing on
   the other ranks.
@@ -68,16 +70,14 @@ def _new_tag() -> int:
 
 def _wait_request(request: MPI.Request, seconds: float, what: str) -> None:
     """Poll ``request`` until it completes; ``DistStoreError`` after ``seconds``."""
-    last = time.monotonic()
-    deadline, spin_end = last + seconds, last + _spin.CLIENT_SPIN_S
+    now = time.monotonic()
+    deadline, spin_end = now + seconds, now + _spin.CLIENT_SPIN_S
     delay = _MIN_SLEEP_S
     while not request.Test():
         now = time.monotonic()
-        if now < spin_end and now - last < _spin.PREEMPTED_S:
+        if now < spin_end:
             _spin.sched_yield()
-            last = time.monotonic()
             continue
-        spin_end = 0.0
         if now > deadline:
             raise DistStoreError(f"MPIStore: {what} did not complete within {seconds:.0f}s "
                                  "(does every rank of the communicator take part?)")
@@ -151,8 +151,8 @@ class _Server:
         improbe, status = comm.Improbe, MPI.Status()
         any_source, any_tag, byte = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.BYTE
         monotonic, sched_yield, sleep = time.monotonic, _spin.sched_yield, time.sleep
-        spin_s, preempted = _spin.SERVER_SPIN_S, _spin.PREEMPTED_S
-        spin_until, delay, last = 0.0, _MIN_SLEEP_S, 0.0
+        spin_s = _spin.SERVER_SPIN_S
+        spin_until, delay = 0.0, _MIN_SLEEP_S
         try:
             while not self.stopping:
                 msg = improbe(any_source, any_tag, status)
@@ -171,7 +171,7 @@ class _Server:
                         self._send(token, reply)
                     if out:
                         self._deliver(out)
-                    spin_until, delay, last = now + spin_s, _MIN_SLEEP_S, monotonic()
+                    spin_until, delay = now + spin_s, _MIN_SLEEP_S
                     continue
                 now = monotonic()
                 if core.due(now):
@@ -180,11 +180,9 @@ class _Server:
                     self._deliver(out)
                 if self.sends:
                     self._test_sends()
-                if now < spin_until and now - last < preempted:
+                if now < spin_until:
                     sched_yield()
-                    last = monotonic()
                     continue
-                spin_until = 0.0  # window over, or the core is contended: sleep
                 sleep(delay)
                 delay = min(delay * 2, _IDLE_SLEEP_S)
         except Exception:  # the thread must never die silently
@@ -314,15 +312,13 @@ class MPIStore(RequestStore):
         comm.Send([payload, MPI.BYTE], 0, tag)
         msg = comm.Improbe(0, tag, status)
         if msg is None:
-            last = time.monotonic()
-            deadline, spin_end, delay = last + limit, last + _spin.CLIENT_SPIN_S, _MIN_SLEEP_S
+            now = time.monotonic()
+            deadline, spin_end, delay = now + limit, now + _spin.CLIENT_SPIN_S, _MIN_SLEEP_S
             while msg is None:
                 now = time.monotonic()
-                if now < spin_end and now - last < _spin.PREEMPTED_S:
+                if now < spin_end:
                     _spin.sched_yield()
-                    last = time.monotonic()
                 else:
-                    spin_end = 0.0  # window over, or the core is contended: sleep
                     if now > deadline:
                         raise DistStoreError(
                             f"MPIStore: no reply from rank 0 within {limit:.0f}s (has rank 0 "
