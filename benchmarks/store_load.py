@@ -406,12 +406,21 @@ connected, or every rank keeps the store open), as a percentage of one core.
 
 {idle_text}
 
-## How the stores serve
+## How the stores serve, and where the time goes
 
 See [stores.md](stores.md#how-the-servers-wait) for the design: the TCPStore server
-blocks in `epoll` and, after requests, polls without blocking for a short window; the
-MPIStore server polls MPI during bursts and sleeps between polls, with growing gaps,
-when idle; rank 0's own MPIStore requests never leave its process.
+blocks in `epoll` and, after requests, polls without blocking for a short window, and a
+client polls for its reply before it blocks; clients on the server's host move to a
+Unix socket; the MPIStore server polls MPI during bursts and sleeps between polls, with
+growing gaps, when idle; rank 0's own MPIStore requests never leave its process.
+
+torch's TCPStore server and client are C++; hpccomm's are Python, a few microseconds of
+interpreter work per request on each side. A blocking request/reply costs two kernel
+wake-ups, which take a couple of microseconds when an idle core answers and tens of
+microseconds on a busy machine. hpccomm avoids both wake-ups during bursts by polling,
+and gives the polling up as soon as it loses its core; so it is ahead where wake-ups are
+slow and can trail by a few microseconds per request where an idle core wakes at once.
+The CPU-time table shows the price of the polling: nothing once the store is idle.
 """
     path = os.path.join(ROOT, "docs", "store-load.md")
     with open(path, "w") as f:
