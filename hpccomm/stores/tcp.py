@@ -6,11 +6,13 @@ and every process, the master included, talks to it as a client over one TCP
 connection. With a shared secret (``token=`` or ``HPCCOMM_STORE_TOKEN``) the server
 challenges every connection and refuses clients that cannot answer.
 
-A client sends its request and polls its non-blocking socket for the reply for a short
-window (:data:`~hpccomm.stores._spin.CLIENT_SPIN_S`) before blocking in ``poll``, so
-a reply that comes within microseconds is read without a kernel wake-up. A client in
-the same process as its server never spins: it would compete with the server thread
-for the GIL.
+A client sends its request, then polls for the reply without blocking for a short window
+(:data:`~hpccomm.stores._spin.CLIENT_SPIN_S`), so a reply that comes within microseconds
+is read without a kernel wake-up; after the window, or at once if the polling loses its
+core, it blocks in ``recv``, waking every second to check its deadline. A client in the
+same process as its server never polls: it would compete with the server thread for the
+GIL. Clients on the server's host talk over its local Unix socket (see
+:mod:`~hpccomm.stores.tcp_server`).
 """
 from __future__ import annotations
 
@@ -151,7 +153,8 @@ class _Connection:
 
     The socket stays in blocking mode with a kernel receive timeout of
     :data:`_SLICE_S`, so waiting for a reply is one ``recv`` call that releases the
-    GIL, and a deadline is still checked at least every slice.
+    GIL, and a deadline is still checked at least every slice; a send that makes no
+    progress for the store's timeout fails.
     """
 
     def __init__(self, host: str, port: int, secret: Optional[bytes],
@@ -188,7 +191,10 @@ class _Connection:
                 self._authenticate(sock, nonce)
             sock.settimeout(None)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _SLICE)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _SLICE)
+            # a send that makes no progress for a whole store timeout fails
+            stuck = max(1.0, self.connect_timeout)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                            struct.pack("ll", int(stuck), int((stuck % 1) * 1e6)))
         except BaseException:
             sock.close()
             raise
