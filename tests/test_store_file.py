@@ -2,12 +2,13 @@
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
 
 from hpccomm.errors import DistStoreError
-from hpccomm.stores import FileStore
+from hpccomm.stores import FileStore, file as file_store
 
 CTX = multiprocessing.get_context("fork")
 
@@ -81,34 +82,58 @@ def test_file_of_a_killed_job_is_reported_as_stale(tmp_path):
     assert time.monotonic() - t0 < 2  # reported at once, no deadlock
 
 
+def _join(path, world_size, queue):
+    try:
+        FileStore(path, world_size).close()
+        queue.put("joined")
+    except DistStoreError as exc:
+        queue.put(str(exc))
+
+
+def _join_from_another_process(path, world_size):
+    queue = CTX.Queue()
+    proc = CTX.Process(target=_join, args=(path, world_size, queue))
+    proc.start()
+    proc.join(30)
+    return queue.get(timeout=5)
+
+
 def test_file_whose_job_fully_joined_is_stale(tmp_path):
     path = str(tmp_path / "fs")
-    a, b = FileStore(path, 2), FileStore(path, 2)
-    with pytest.raises(DistStoreError, match="already joined"):
-        FileStore(path, 2)
-    with pytest.raises(DistStoreError, match="world_size=2"):
-        FileStore(path, 3)
+    a = FileStore(path, 2)
+    assert _join_from_another_process(path, 2) == "joined"  # user 2 of 2 came and went
+    assert "already joined" in _join_from_another_process(path, 2)
+    assert "world_size=2" in _join_from_another_process(path, 3)
     a.set("k", "v")
-    assert b.get("k") == b"v"
     a.close()
-    assert os.path.exists(path)  # b still uses it
-    b.close()
     assert not os.path.exists(path)
 
 
-def test_unknown_world_size_and_clone(tmp_path):
+def test_one_process_may_open_a_file_many_times_as_in_torch(tmp_path):
     path = str(tmp_path / "fs")
-    store = FileStore(path)
-    twin = store.clone()
-    twin.set("k", "v")
-    store.close()
-    assert twin.get("k") == b"v"  # the process stays attached while a handle is open
-    twin.close()
-    assert not os.path.exists(path)
+    store, again = FileStore(path, 1), FileStore(path, 1)  # torch's refcount semantics
+    again.set("k", "v")
+    assert store.get("k") == b"v"
+    with pytest.raises(DistStoreError, match="world_size=1, not 2"):
+        FileStore(path, 2)
+    del store
+    assert os.path.exists(path)  # a handle is still open
+    del again
+    assert not os.path.exists(path)  # the last one left and the job was complete
 
 
-def test_corrupt_file_is_reported(tmp_path):
-    path = tmp_path / "fs"
-    path.write_bytes(b"this is not a store")
-    with pytest.raises(DistStoreError, match="not a FileStore file"):
-        FileStore(str(path), 1)
+def test_a_finalizer_never_waits_for_an_operation_in_progress(tmp_path):
+    """The collector may finalize the last handle in a thread that is inside an
+    operation on the same file: leaving must be deferred, not waited for."""
+    path = str(tmp_path / "fs")
+    store = FileStore(path, 1)
+    store.set("k", "v")
+    with store._member.thread_lock:  # as if an operation on the file were under way
+        release = threading.Thread(target=store._finalizer)
+        release.start()
+        release.join(5)
+        assert not release.is_alive()  # queued instead of blocking
+        assert os.path.exists(path) and len(file_store._deferred) == 1
+    file_store._deferred.run()  # what the next operation or store does
+    assert not file_store._deferred
+    assert not os.path.exists(path)  # the only user left: the file is gone

@@ -116,3 +116,62 @@ def test_needs_thread_multiple(monkeypatch):
     monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
     with pytest.raises(DistStoreError, match="MPI_THREAD_MULTIPLE"):
         MPIStore()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rank0_waits_in_process_for_a_remote_set(mpi_store):
+    """Rank 0's own requests never cross MPI: a get parked there is answered when a
+    remote rank's set reaches the server thread."""
+    rank = mpi_store.rank
+    if rank == 0:
+        t0 = time.monotonic()
+        assert mpi_store.get("from/1") == b"late"
+        assert time.monotonic() - t0 >= 0.1
+        with pytest.raises(DistStoreError, match="wait timeout after 100ms, keys: /never"):
+            mpi_store.wait(["never"], datetime.timedelta(milliseconds=100))
+    elif rank == 1:
+        time.sleep(0.2)
+        mpi_store.set("from/1", "late")
+    mpi_store.barrier("rank0-done", mpi_store.world_size)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_clones_wait_independently_on_every_rank(mpi_store):
+    """Each handle has its own reply channel: one blocked in queue_pop does not hold up
+    another handle of the same process (torch's clone() semantics)."""
+    import threading
+
+    me = f"r{mpi_store.rank}"
+    waiter, pusher = mpi_store.clone(), mpi_store.clone()
+    got = []
+    thread = threading.Thread(target=lambda: got.append(waiter.queue_pop(f"{me}/q")))
+    thread.start()
+    time.sleep(0.1)  # the waiter is parked on the server now
+    pusher.set(f"{me}/k", "v")  # would time out if it queued behind the waiter
+    assert pusher.get(f"{me}/k") == b"v"
+    pusher.queue_push(f"{me}/q", "item")
+    thread.join(10)
+    assert got == [b"item"]
+    mpi_store.barrier("clones-done", mpi_store.world_size)
+
+
+def _thread_cpu_seconds(thread):
+    with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/task"), reason="Linux /proc")
+def test_idle_server_thread_sleeps_instead_of_spinning(mpi_store):
+    from mpi4py import MPI
+
+    for i in range(200):  # a burst: the server spins for a while after it
+        mpi_store.add("burst", 1)
+    MPI.COMM_WORLD.Barrier()
+    if mpi_store.rank == 0:
+        thread = mpi_store._shared.server.thread
+        time.sleep(0.1)  # past the spin window
+        before = _thread_cpu_seconds(thread)
+        time.sleep(1.0)
+        assert _thread_cpu_seconds(thread) - before < 0.1  # ~100 short wake-ups, no spin
+    MPI.COMM_WORLD.Barrier()

@@ -41,6 +41,8 @@ def parse_counter(value: bytes) -> int:
     """The integer ``add`` sees in ``value`` (``stoll`` rules: leading integer, ``""`` is 0)."""
     if not value:
         return 0
+    if value.isdigit():
+        return int(value)
     match = _INT_RE.match(value)
     if match is None:
         raise ValueError(f"value {_name(value[:40])} is not an integer counter")
@@ -63,21 +65,20 @@ class KVState:
         """Whether ``wait``/``check`` consider ``key`` present."""
         return key in self.values or bool(self.queues.get(key))
 
-    def missing(self, op: Op, fields: Sequence[bytes]) -> List[bytes]:
+    def missing(self, op: int, fields: Sequence[bytes]) -> List[bytes]:
         """The keys a pending request is still waiting for (for timeout messages)."""
-        if op in (Op.GET, Op.MULTI_GET):
+        if op == Op.GET or op == Op.MULTI_GET:
             return [k for k in fields if k not in self.values]
-        if op is Op.WAIT:
+        if op == Op.WAIT:
             return [k for k in fields if not self.present(k)]
-        if op is Op.QUEUE_POP:
+        if op == Op.QUEUE_POP:
             return [fields[0]]
         return []
 
     # -- the ops ---------------------------------------------------------------------
-    def apply(self, op: Op, fields: Sequence[bytes]) -> Optional[Reply]:
+    def apply(self, op: int, fields: Sequence[bytes]) -> Optional[Reply]:
         """Apply one decoded request: its reply, or :data:`PENDING` if it must wait."""
-        handler = _HANDLERS[op]
-        return handler(self, fields)
+        return HANDLERS[op](self, fields)
 
     def _set(self, f: Sequence[bytes]) -> Reply:
         self.values[f[0]] = f[1]
@@ -205,7 +206,8 @@ class KVState:
         return state
 
 
-_HANDLERS = {
+#: The handler of each op, keyed by its int code; ``HANDLERS[op](state, fields)``.
+HANDLERS = {
     Op.SET: KVState._set, Op.GET: KVState._get, Op.ADD: KVState._add,
     Op.COMPARE_SET: KVState._compare_set, Op.WAIT: KVState._wait, Op.CHECK: KVState._check,
     Op.NUM_KEYS: KVState._num_keys, Op.DELETE_KEY: KVState._delete_key,

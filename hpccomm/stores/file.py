@@ -13,6 +13,11 @@ listed users are dead processes on this host, whose job already had all its
 :class:`DistStoreError` naming the stale file, instead of silently mixing two jobs
 or waiting forever. The last user to leave (once all expected users joined)
 deletes the file.
+
+A *user* is a process: every ``FileStore`` a process opens on one file shares the
+process's membership (as torch's FileStore counts references), so a process may open
+the same file any number of times; it leaves when its last handle is closed or
+garbage-collected.
 """
 from __future__ import annotations
 
@@ -26,19 +31,25 @@ from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hpccomm.errors import DistStoreError
+from hpccomm.stores._deferred import Deferred
 from hpccomm.stores._state import PENDING, KVState
 from hpccomm.stores._wire import Op, ProtocolError, Status, pack_fields, unpack_fields
-from hpccomm.stores.base import Store
+from hpccomm.stores.base import RequestStore, Store
 
-MAGIC = b"HPCCOMM-FILESTORE-1\n"
+MAGIC = b"HPCCOMM-FILESTORE-2\n"
 _LOCK_TIMEOUT_S = 60.0
 #: POSIX locks belong to the process: threads of one process take this first.
 _thread_locks: Dict[str, threading.Lock] = {}
+_thread_locks_lock = threading.Lock()
+#: This process's membership of each file, by ``(path, pid)``; guarded (with every
+#: membership's ``refs``) by ``_registry_lock``, which finalizers only ever try.
+_memberships: Dict[Tuple[str, int], "_Membership"] = {}
 _registry_lock = threading.Lock()
+_deferred = Deferred()
 
 
 def _thread_lock(path: str) -> threading.Lock:
-    with _registry_lock:
+    with _thread_locks_lock:
         return _thread_locks.setdefault(path, threading.Lock())
 
 
@@ -90,6 +101,7 @@ class _Membership:
         self.member = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}".encode()
         self.fd = -1
         self.closed = False
+        self.world_size = world_size
         self.refs = 1
         try:
             with self.locked() as image:
@@ -156,30 +168,32 @@ class _Membership:
                 yield _Image.decode(os.pread(self.fd, size, 0) if size else b"", self.path)
             finally:
                 fcntl.lockf(self.fd, fcntl.LOCK_UN)
+        if _deferred:
+            _deferred.run()  # releases a finalizer could not do while we held the lock
 
     def _same_file(self) -> bool:
         try:
             return os.stat(self.path).st_ino == os.fstat(self.fd).st_ino
-        except FileNotFoundError:
+        except (FileNotFoundError, OSError):
             return False
+
+    def usable(self) -> bool:
+        """Whether a new handle may share this membership (still attached to the file)."""
+        return not self.closed and self.fd >= 0 and self._same_file()
 
     def write(self, image: _Image) -> None:
         data = image.encode()
         os.pwrite(self.fd, data, 0)
         os.ftruncate(self.fd, len(data))
 
-    def release(self) -> None:
-        """Drop one handle; leave when it was the last one in this process."""
-        with self.thread_lock:
-            self.refs -= 1
-            last = self.refs == 0
-        if last:
-            self.leave()
-
-    def leave(self) -> None:
-        """Detach; delete the file if this was the last expected user."""
+    def leave(self, blocking: bool = True) -> bool:
+        """Detach; delete the file if this was the last expected user. With
+        ``blocking=False`` do nothing and return False while another thread is inside
+        an operation on the file (a finalizer must not wait for it)."""
         if self.closed:
-            return
+            return True
+        if not blocking and self.thread_lock.locked():
+            return False
         try:
             with self.locked() as image:
                 if self.member in image.members:
@@ -197,22 +211,75 @@ class _Membership:
                 if self.fd >= 0:
                     os.close(self.fd)
                     self.fd = -1
+        return True
 
 
-class FileStore(Store):
+def _attach(path: str, world_size: int) -> _Membership:
+    """This process's membership of ``path``: the existing one, or a new join."""
+    key = (path, os.getpid())
+    try:
+        with _registry_lock:
+            member = _memberships.get(key)
+            if member is not None and member.usable():
+                if world_size > 0 and member.world_size > 0 and world_size != member.world_size:
+                    raise DistStoreError(
+                        f"FileStore: {path} is open in this process with world_size="
+                        f"{member.world_size}, not {world_size}")
+                member.refs += 1
+                return member
+            member = _Membership(path, world_size, _LOCK_TIMEOUT_S)
+            _memberships[key] = member
+            return member
+    finally:
+        _deferred.run()
+
+
+def _detach(member: _Membership, blocking: bool) -> bool:
+    """Drop one handle of ``member``; the last one leaves the file. Returns False
+    (nothing done) when ``blocking`` is False and a lock is busy."""
+    if not _registry_lock.acquire(blocking):
+        return False
+    try:
+        member.refs -= 1
+        last = member.refs == 0
+        if last and _memberships.get((member.path, os.getpid())) is member:
+            del _memberships[(member.path, os.getpid())]
+    finally:
+        _registry_lock.release()
+    if last:
+        if blocking:
+            member.leave()
+        else:
+            _deferred.submit(lambda: member.leave(blocking=False))
+    return True
+
+
+def _detach_from_gc(member: _Membership) -> None:
+    """The finalizer of a handle: never blocks (see :mod:`._deferred`)."""
+    _deferred.submit(lambda: _detach(member, blocking=False))
+
+
+class FileStore(RequestStore):
     """A store in the file ``file_name`` for ``world_size`` processes (-1: unknown)."""
 
     def __init__(self, file_name: str, world_size: int = -1) -> None:
+        if not isinstance(file_name, (str, os.PathLike)):
+            raise TypeError(f"FileStore file_name must be str, got {file_name!r}")
+        if isinstance(world_size, bool) or not hasattr(world_size, "__index__"):
+            raise TypeError(f"FileStore world_size must be an integer, got {world_size!r}")
         super().__init__()
-        self._path = os.path.abspath(file_name)
-        self._world_size = int(world_size)
-        self._member = _Membership(self._path, self._world_size, _LOCK_TIMEOUT_S)
-        self._finalizer = weakref.finalize(self, self._member.release)
+        self._path = os.path.abspath(os.fspath(file_name))
+        self._world_size = world_size.__index__()
+        self._member = _attach(self._path, self._world_size)
+        self._finalizer = weakref.finalize(self, _detach_from_gc, self._member)
 
     @property
     def path(self) -> str:
         """The file holding the store."""
         return self._path
+
+    def _where(self) -> str:
+        return f"FileStore {self._path}"
 
     def _call(self, op: Op, fields: Sequence[bytes],
               timeout_s: Optional[float] = None) -> Tuple[Status, List[bytes]]:
@@ -237,14 +304,17 @@ class FileStore(Store):
         twin = FileStore.__new__(FileStore)
         Store.__init__(twin, self._timeout_s)
         twin._path, twin._world_size, twin._member = self._path, self._world_size, self._member
-        with self._member.thread_lock:
+        with _registry_lock:
             self._member.refs += 1
-        twin._finalizer = weakref.finalize(twin, self._member.release)
+        _deferred.run()
+        twin._finalizer = weakref.finalize(twin, _detach_from_gc, self._member)
         return twin
 
     def close(self) -> None:
-        """Close this handle; the last user of the file deletes it."""
-        self._finalizer()
+        """Close this handle; the last user of the file deletes it (idempotent)."""
+        if self._finalizer.detach() is not None:
+            _detach(self._member, blocking=True)
+        _deferred.run()
 
     def __repr__(self) -> str:
         return f"<FileStore {self._path} world_size={self._world_size}>"

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from hpccomm.stores._state import PENDING, KVState
 from hpccomm.stores._wire import Op, Status
-from hpccomm.stores.base import Store
+from hpccomm.stores.base import RequestStore, Store
 
 
 class _Shared:
@@ -23,7 +23,7 @@ class _Shared:
         self.cond = threading.Condition()
 
 
-class HashStore(Store):
+class HashStore(RequestStore):
     """An in-process store; ``clone()`` shares the same keys."""
 
     def __init__(self) -> None:

@@ -5,103 +5,237 @@ port, no file and no address exchange. Construction is collective: every rank
 duplicates the communicator (so store traffic never matches the user's messages),
 and rank 0 starts a daemon thread that serves requests with the same
 :class:`~hpccomm.stores._core.StoreCore` as the TCPStore server. Requests and replies
-are the byte payloads of :mod:`hpccomm.stores._wire` sent as ``MPI.BYTE`` messages.
+are the byte payloads of :mod:`hpccomm.stores._wire` sent as ``MPI.BYTE`` messages;
+each store handle (``clone()`` included) talks on its own tag, so a handle blocked in
+``get`` in one thread never holds up another handle.
 
-The ranks' main threads run microsecond-scale collectives, often on oversubscribed
-cores, so neither side spins: the server polls with ``Improbe`` and sleeps between
-polls (50 µs after a request, growing to 2 ms when idle), and a client waiting for
-its reply polls the same way. Importing this module imports ``mpi4py.MPI``.
+How it waits. MPI has no blocking receive that does not busy-poll a core (MPICH's
+does), and rank 0's server thread shares the GIL with rank 0's own work, so the
+server must neither block in MPI nor spin for ever:
+
+* after each request it keeps polling (``Improbe`` and ``sched_yield``) for
+  :data:`~hpccomm.stores._spin.SERVER_SPIN_S`, so a burst of requests (start-up,
+  barriers through the store) is served without any sleep. Unlike the TCP side it keeps
+  yielding even when the core is contended: the alternative is a timer sleep, which on
+  a busy node costs far more latency than a yield that lets the other ranks run;
+* then it sleeps between polls, from 50 µs growing to :data:`_IDLE_SLEEP_S`, so an
+  idle job pays about a hundred short wake-ups per second on rank 0 and nothing on
+  the other ranks.
+
+Rank 0's own requests do not travel through MPI at all: they are applied to the
+server's state directly, under the lock the server thread takes for each request. A
+client rank polls for its reply for :data:`~hpccomm.stores._spin.CLIENT_SPIN_S`, then
+sleeps between polls (growing to 1 ms) until the request's deadline. Importing this
+module imports ``mpi4py.MPI``.
 """
 from __future__ import annotations
 
 import atexit
+import collections
+import itertools
+import logging
 import threading
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Deque, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
 from hpccomm.errors import DistStoreError
-from hpccomm.stores._core import StoreCore
+from hpccomm.stores import _spin
+from hpccomm.stores._core import Outgoing, StoreCore
 from hpccomm.stores._wire import (Op, ProtocolError, Status, decode_reply, encode_reply,
                                   encode_request)
-from hpccomm.stores.base import DEFAULT_TIMEOUT, Store, Timeout, _ms
+from hpccomm.stores.base import DEFAULT_TIMEOUT, RequestStore, Store, Timeout, _ms
 
-_REQ_TAG = 1
-_REP_TAG = 2
+log = logging.getLogger("hpccomm.stores")
+
+#: Longest sleep of an idle server between two polls.
+_IDLE_SLEEP_S = 10e-3
+#: Longest sleep of a client between two polls for its reply.
+_CLIENT_SLEEP_S = 1e-3
 _MIN_SLEEP_S = 50e-6
-_MAX_SLEEP_S = 2e-3
+#: Extra seconds a client waits beyond a request's own timeout (the server answers
+#: timeouts itself; this only catches a server that is gone).
 _GRACE_S = 30.0
+#: Tags of this process's handles; tag 0 is never used.
+_tags = itertools.count(1)
+_tag_lock = threading.Lock()
 
+
+def _new_tag() -> int:
+    upper = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767
+    with _tag_lock:
+        return 1 + (next(_tags) - 1) % (upper - 1)
+
+
+def _wait_request(request: MPI.Request, seconds: float, what: str) -> None:
+    """Poll ``request`` until it completes; ``DistStoreError`` after ``seconds``."""
+    now = time.monotonic()
+    deadline, spin_end = now + seconds, now + _spin.CLIENT_SPIN_S
+    delay = _MIN_SLEEP_S
+    while not request.Test():
+        now = time.monotonic()
+        if now < spin_end:
+            _spin.sched_yield()
+            continue
+        if now > deadline:
+            raise DistStoreError(f"MPIStore: {what} did not complete within {seconds:.0f}s "
+                                 "(does every rank of the communicator take part?)")
+        time.sleep(delay)
+        delay = min(delay * 2, _CLIENT_SLEEP_S)
+
+
+class _Local:
+    """A request of rank 0 itself, parked in the core until its reply comes."""
+
+    __slots__ = ("reply", "done")
+
+    def __init__(self) -> None:
+        self.reply: Optional[bytes] = None
+        self.done = threading.Event()
 
 
 class _Server:
-    """Rank 0's serving thread."""
+    """Rank 0's serving thread and the state it serves."""
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         self.comm = comm
         self.core = StoreCore(default_timeout_s=None)
-        self.stopping = threading.Event()
+        self.lock = threading.Lock()  # the core, for the thread and rank 0's own calls
+        self.sends: Deque[Tuple[MPI.Request, bytes]] = collections.deque()
+        self.stopping = False
         self.thread = threading.Thread(target=self._run, name="hpccomm-mpistore", daemon=True)
         self.thread.start()
 
-    def _run(self) -> None:
-        comm, core, status = self.comm, self.core, MPI.Status()
-        sends: List[Tuple[MPI.Request, bytes]] = []
-        delay = _MIN_SLEEP_S
-        while not self.stopping.is_set():
-            msg = comm.Improbe(MPI.ANY_SOURCE, _REQ_TAG, status)
-            now = time.monotonic()
-            if msg is None:
-                replies = core.expire(now)
-                if not replies:
-                    if sends:
-                        sends = [(r, p) for r, p in sends if not r.Test()]
-                    self.stopping.wait(delay)
-                    delay = min(delay * 1.5, _MAX_SLEEP_S)
-                    continue
+    # -- rank 0's own requests -------------------------------------------------------
+    def local(self, payload: bytes, limit: float) -> bytes:
+        """Apply one request of rank 0 and return its reply (waiting if it parks)."""
+        me = _Local()
+        with self.lock:
+            reply = self.core.submit(me, payload)
+            out = self._take_outbox()
+        if out:
+            self._deliver(out)
+        if reply is not None:
+            return reply
+        if not me.done.wait(limit):
+            with self.lock:
+                self.core.drop(me)
+            if me.reply is None:
+                raise DistStoreError(f"MPIStore: no reply from the store within "
+                                     f"{limit:.0f}s (is its server thread alive?)")
+        return me.reply
+
+    def _take_outbox(self) -> Outgoing:
+        out = self.core.outbox
+        if out:
+            self.core.outbox = []
+        return out
+
+    # -- the serving thread ----------------------------------------------------------
+    def _deliver(self, out: Outgoing) -> None:
+        """Hand replies to their requesters: rank 0's own ones directly, others by MPI."""
+        for token, reply in out:
+            if type(token) is _Local:
+                token.reply = reply
+                token.done.set()
             else:
-                delay = _MIN_SLEEP_S
-                buf = bytearray(status.Get_count(MPI.BYTE))
-                source = status.Get_source()
-                msg.Recv([buf, MPI.BYTE])
-                try:
-                    replies = core.submit(source, bytes(buf), now)
-                except ProtocolError as exc:  # ranks are trusted: answer, don't drop
-                    replies = [(source, encode_reply(Status.ERROR, [str(exc).encode()]))]
-            for dest, payload in replies:
-                sends.append((comm.Isend([payload, MPI.BYTE], dest, _REP_TAG), payload))
-        for req, _ in sends:  # eager replies complete locally; give them a last chance
-            req.Test()
+                self._send(token, reply)
+
+    def _send(self, token: Tuple[int, int], reply: bytes) -> None:
+        source, tag = token
+        self.sends.append((self.comm.Isend([reply, MPI.BYTE], source, tag), reply))
+
+    def _run(self) -> None:
+        comm, core, lock = self.comm, self.core, self.lock
+        improbe, status = comm.Improbe, MPI.Status()
+        any_source, any_tag, byte = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.BYTE
+        monotonic, sched_yield, sleep = time.monotonic, _spin.sched_yield, time.sleep
+        spin_s = _spin.SERVER_SPIN_S
+        spin_until, delay = 0.0, _MIN_SLEEP_S
+        try:
+            while not self.stopping:
+                msg = improbe(any_source, any_tag, status)
+                if msg is not None:
+                    buf = bytearray(status.Get_count(byte))
+                    token = (status.Get_source(), status.Get_tag())
+                    msg.Recv([buf, byte])
+                    now = monotonic()
+                    with lock:
+                        try:
+                            reply = core.submit(token, bytes(buf), now)
+                        except ProtocolError as exc:  # ranks are trusted: answer, don't drop
+                            reply = encode_reply(Status.ERROR, [str(exc).encode()])
+                        out = self._take_outbox()
+                    if reply is not None:
+                        self._send(token, reply)
+                    if out:
+                        self._deliver(out)
+                    spin_until, delay = now + spin_s, _MIN_SLEEP_S
+                    continue
+                now = monotonic()
+                if core.due(now):
+                    with lock:
+                        out = core.expire(now)
+                    self._deliver(out)
+                if self.sends:
+                    self._test_sends()
+                if now < spin_until:
+                    sched_yield()
+                    continue
+                sleep(delay)
+                delay = min(delay * 2, _IDLE_SLEEP_S)
+        except Exception:  # the thread must never die silently
+            log.exception("MPIStore server thread failed")
+        finally:
+            self._finish_sends()
+
+    def _test_sends(self) -> None:
+        sends = self.sends
+        for _ in range(len(sends)):
+            request, reply = sends.popleft()
+            if not request.Test():
+                sends.append((request, reply))
+
+    def _finish_sends(self, seconds: float = 5.0) -> None:
+        """Give the last replies time to leave (they usually completed long ago)."""
+        deadline = time.monotonic() + seconds
+        while self.sends and time.monotonic() < deadline:
+            self._test_sends()
+            if self.sends:
+                time.sleep(_MIN_SLEEP_S)
 
     def stop(self) -> None:
         """Stop the thread (local, idempotent)."""
-        self.stopping.set()
+        self.stopping = True
         if threading.current_thread() is not self.thread:
             self.thread.join(timeout=10)
 
 
 class _Shared:
-    """What an MPIStore and its clones share: the communicator, the server, a lock."""
+    """What an MPIStore and its clones share: the communicator and rank 0's server."""
 
-    def __init__(self, comm: MPI.Intracomm, server: Optional[_Server]) -> None:
+    def __init__(self, comm: MPI.Intracomm, server: Optional[_Server], timeout_s: float):
         self.comm = comm
         self.server = server
-        self.lock = threading.Lock()  # one request in flight per rank
+        self.timeout_s = timeout_s
         self.closed = False
+        self.close_lock = threading.Lock()
 
     def close(self) -> None:
-        """Collective shutdown: barrier, stop the server, free the communicator."""
-        if self.closed:
-            return
-        self.comm.Barrier()  # every rank is done with its requests
-        with self.lock:
+        """Collective shutdown: every rank done with its requests, then stop and free."""
+        with self.close_lock:
+            if self.closed:
+                return
             self.closed = True
-        if self.server is not None:
-            self.server.stop()
-        self.comm.Free()
         if self in _open:
             _open.remove(self)
+        try:
+            _wait_request(self.comm.Ibarrier(), self.timeout_s, "close (a barrier)")
+        finally:
+            if self.server is not None:
+                self.server.stop()
+        self.comm.Free()
 
 
 #: Stores not closed yet, in creation order (the same on every rank).
@@ -116,10 +250,13 @@ def _close_at_exit() -> None:
     for shared in list(_open):
         if MPI.Is_finalized():
             return
-        shared.close()
+        try:
+            shared.close()
+        except DistStoreError as exc:
+            log.warning("%s", exc)
 
 
-class MPIStore(Store):
+class MPIStore(RequestStore):
     """A store served by rank 0 of ``comm`` (default ``MPI.COMM_WORLD``); collective."""
 
     def __init__(self, comm: Optional[Any] = None, timeout: Timeout = DEFAULT_TIMEOUT) -> None:
@@ -130,12 +267,15 @@ class MPIStore(Store):
                 "thread on rank 0); set mpi4py.rc.thread_level = 'multiple' before importing "
                 "mpi4py.MPI, or use TCPStore/FileStore")
         base = MPI.COMM_WORLD if comm is None else comm
-        if base == MPI.COMM_NULL or not isinstance(base, MPI.Intracomm) or base.Is_inter():
+        if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL or base.Is_inter():
             raise DistStoreError(f"MPIStore needs an intracommunicator, got {base!r}")
-        dup = base.Dup()
+        dup, request = base.Idup()
+        _wait_request(request, self._timeout_s, "construction (duplicating the communicator)")
         dup.Set_name("hpccomm-store")
         server = _Server(dup) if dup.Get_rank() == 0 else None
-        self._shared = _Shared(dup, server)
+        self._shared = _Shared(dup, server, self._timeout_s)
+        self._tag = _new_tag()
+        self._lock = threading.Lock()  # one request in flight per handle
         _open.append(self._shared)
 
     @property
@@ -148,37 +288,55 @@ class MPIStore(Store):
         """The size of the store's communicator."""
         return self._shared.comm.Get_size()
 
+    def _where(self) -> str:
+        shared = self._shared
+        if shared.closed:
+            return "MPIStore (closed)"
+        return f"MPIStore rank {shared.comm.Get_rank()}/{shared.comm.Get_size()}"
+
     def _call(self, op: Op, fields: Sequence[bytes],
               timeout_s: Optional[float] = None) -> Tuple[Status, List[bytes]]:
         shared = self._shared
         payload = encode_request(op, fields, _ms(timeout_s))
         limit = (self._timeout_s if timeout_s is None else timeout_s) + _GRACE_S
-        status = MPI.Status()
-        with shared.lock:
-            if shared.closed:
-                raise DistStoreError("MPIStore: the store was closed")
-            comm = shared.comm
-            comm.Send([payload, MPI.BYTE], 0, _REQ_TAG)
-            deadline = time.monotonic() + limit
-            delay = _MIN_SLEEP_S / 5
-            while True:
-                msg = comm.Improbe(0, _REP_TAG, status)
-                if msg is not None:
-                    break
-                if time.monotonic() > deadline:
-                    raise DistStoreError(f"MPIStore: no reply from rank 0 within {limit:.0f}s "
-                                         "(has rank 0 exited or closed the store?)")
-                time.sleep(delay)
-                delay = min(delay * 2, _MAX_SLEEP_S)
-            buf = bytearray(status.Get_count(MPI.BYTE))
-            msg.Recv([buf, MPI.BYTE])
-        return decode_reply(bytes(buf))
+        if shared.closed:
+            raise DistStoreError("MPIStore: the store was closed")
+        if shared.server is not None:
+            return decode_reply(shared.server.local(payload, limit))
+        with self._lock:
+            return decode_reply(self._remote(shared.comm, payload, limit))
+
+    def _remote(self, comm: MPI.Intracomm, payload: bytes, limit: float) -> bytes:
+        """Send ``payload`` to rank 0 and wait for the reply on this handle's tag."""
+        tag, status = self._tag, MPI.Status()
+        comm.Send([payload, MPI.BYTE], 0, tag)
+        msg = comm.Improbe(0, tag, status)
+        if msg is None:
+            now = time.monotonic()
+            deadline, spin_end, delay = now + limit, now + _spin.CLIENT_SPIN_S, _MIN_SLEEP_S
+            while msg is None:
+                now = time.monotonic()
+                if now < spin_end:
+                    _spin.sched_yield()
+                else:
+                    if now > deadline:
+                        raise DistStoreError(
+                            f"MPIStore: no reply from rank 0 within {limit:.0f}s (has rank 0 "
+                            "exited or closed the store?)")
+                    time.sleep(delay)
+                    delay = min(delay * 2, _CLIENT_SLEEP_S)
+                msg = comm.Improbe(0, tag, status)
+        buf = bytearray(status.Get_count(MPI.BYTE))
+        msg.Recv([buf, MPI.BYTE])
+        return bytes(buf)
 
     def clone(self) -> "MPIStore":
-        """Another handle on the same store (not collective; shares the communicator)."""
+        """Another handle on the same store (not collective; its own tag)."""
         twin = MPIStore.__new__(MPIStore)
         Store.__init__(twin, self._timeout_s)
         twin._shared = self._shared
+        twin._tag = _new_tag()
+        twin._lock = threading.Lock()
         return twin
 
     def close(self) -> None:
@@ -190,5 +348,4 @@ class MPIStore(Store):
         self._shared.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._shared.closed else f"rank {self.rank}/{self.world_size}"
-        return f"<MPIStore {state}>"
+        return f"<{self._where()}>"
