@@ -226,7 +226,7 @@ def verdicts(data):
         rows += _verdict_rows(n, rcs, "")
         if rcs and "hpccomm_min_us" in rcs[0]:
             rows += _verdict_rows(n, rcs, "_min")
-    return table(["ranks", "statistic", "target (issue 8)", "measured", "verdict"], rows)
+    return table(["ranks", "statistic", "target", "measured", "verdict"], rows)
 
 
 def headline(data):
@@ -359,7 +359,7 @@ def hotpath_table():
 
 def plot(data):
     """Per rank count, three rows: time, bus bandwidth, and mpi4py time / hpccomm time
-    (the issue's 0.97 bandwidth target as a line; log axes hide a 5% gap)."""
+    (the 0.97 bandwidth target as a line; log axes hide a 5% gap)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

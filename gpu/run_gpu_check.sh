@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU check of hpccomm (issue 6), repeatable on any Linux machine with NVIDIA GPUs.
+# The whole GPU check of hpccomm, repeatable on any Linux machine with NVIDIA GPUs.
 #
 #   gpu/run_gpu_check.sh            # from the repository root or anywhere
 #

@@ -1,4 +1,4 @@
-"""Collectives written once, run over array libraries and backends (issue 6).
+"""Collectives written once, run over array libraries and backends.
 
 Cases (the ``case`` fixture):
 
