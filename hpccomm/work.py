@@ -48,6 +48,13 @@ def set_oversubscribed(shared: bool) -> None:
     _polls_per_check = POLLS_SHARED if shared else POLLS_ALONE
 
 
+#: Advances the backends' own pending work (shared-memory collectives of other groups)
+#: while some operation is waited for, as MPI's progress engine advances every request;
+#: set by a backend while it has such work, ``None`` otherwise. Called between the polls
+#: of a wait, never before the first test: an operation complete at once pays nothing.
+while_waiting: Optional[Callable[[], None]] = None
+
+
 def poll(test: Callable[[], bool], limit: Optional[float]) -> float:
     """Call ``test()`` until it is true: return 0.0, or the seconds waited once ``limit``
     seconds (``None``: no limit) have passed first. Spins; never sleeps."""
@@ -56,6 +63,9 @@ def poll(test: Callable[[], bool], limit: Optional[float]) -> float:
     every = _polls_per_check
     polls = 0
     while not test():
+        progress = while_waiting
+        if progress is not None:
+            progress()
         polls += 1
         if polls == every:
             polls = 0
@@ -278,6 +288,9 @@ class Work:
         if self._poll():
             self._complete()
             return True
+        progress = while_waiting  # a caller polling this way waits too
+        if progress is not None:
+            progress()
         return False
 
     def is_success(self) -> bool:

@@ -356,6 +356,27 @@ def test_async_operations_overlap_and_finish_in_any_order(groups, dist, rank, si
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_rank_blocked_in_mpi_still_does_its_part_of_shared_memory_work(groups, dist, rank,
+                                                                        size):
+    """Rank 0 waits for a shared-memory all_reduce before it joins an MPI all_reduce, while
+    the others are already inside that MPI call: they must keep doing their part of the
+    shared-memory operation while they wait, as MPI's progress engine would."""
+    shm, plain = groups
+    big = np.full(30001, float(rank))  # many 1 KiB ring slots: no rank finishes alone
+    work = dist.all_reduce(big, group=shm, async_op=True)
+    small = np.ones(1)
+    if rank == 0:
+        work.wait()
+        dist.all_reduce(small, group=plain)
+    else:
+        dist.all_reduce(small, group=plain)
+        assert not work.is_completed() or (big == sum(range(size))).all()
+        work.wait()
+    assert small[0] == size
+    assert (big == sum(range(size))).all()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_memory_barriers_path(dist, rank, size):
     """The ``MPI_Win_sync`` barriers that non-x86 processors need, forced on here."""
     ranks = list(range(size))

@@ -172,8 +172,11 @@ class MPICommunicator(Communicator):
         mpitype, op, stage = plan
         if stage is None:
             if kind is _SUM:
+                spec = [buf, mpitype]
+                if self.gate is None:  # the hottest path, inline: what it keeps is spec
+                    return self.comm.Iallreduce(IN_PLACE, spec, op).Test, None, spec
                 return self._collective(buf.nbytes, None, self.comm.Iallreduce, IN_PLACE,
-                                        [buf, mpitype], op)
+                                        spec, op)
             if kind is _PREMUL_SUM:
                 _premultiply(buf, factor, out=buf)
             return self._collective(buf.nbytes, self._post(buf, kind), self.comm.Iallreduce,

@@ -5,17 +5,18 @@ that runs all_reduce, reduce_scatter, all_gather and broadcast above a size thre
 per operation through shared memory (:mod:`.shm_algorithms`) and everything else, and
 every smaller message, through MPI as before. :func:`cpu_communicator` is what the group
 layer calls for the "mpi" backend's CPU arrays: it picks this class when the group has
-two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; otherwise an MPI
-communicator that only advances other groups' pending shared-memory work (groups that
-span nodes stay on MPI, whose own algorithms are hierarchical).
+two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; otherwise the plain
+MPI communicator (groups that span nodes stay on MPI, whose own algorithms are
+hierarchical).
 
 Operations return ``(test, finish, keep)`` like every host-side backend: ``test()``
 advances the operation's state machine without waiting, so the caller's deadline,
 ``async_op`` and the flight recorder work unchanged. Operations of one communicator run
-in the order they were started (they share one ring), and every ``test()`` of any
-operation of the process (shared-memory or MPI) first advances the pending
-shared-memory operations of every group, so that a rank waiting on a later operation
-still does its part of an earlier one, as MPI's progress engine would; and a
+in the order they were started (they share one ring), and every wait of any operation
+of the process (shared-memory or MPI) advances the pending shared-memory operations of
+every group between its polls (:data:`hpccomm.work.while_waiting`), so that a rank
+waiting on a later operation still does its part of an earlier one, as MPI's progress
+engine would; and a
 shared-memory wait probes MPI every few polls, so MPI requests that peers wait on keep
 moving (Open MPI progresses a request only inside MPI calls).
 
@@ -40,6 +41,7 @@ from mpi4py import MPI
 
 from ..errors import DistBackendError
 from ..types import INTERNAL_TAG, RedOpType
+from .. import work as _work
 from ..work import Started
 from . import mpi as _mpi_backend
 from .mpi import MPICommunicator
@@ -76,7 +78,7 @@ SLOTS = 4
 _HALF_NATIVE = np.dtype("e") in getattr(_mpi_backend, "_PREDEFINED", {})
 #: A tag nothing is sent with: probing it only runs MPI's progress engine.
 _PROGRESS_TAG = INTERNAL_TAG + 60
-#: Communicators with shared-memory operations under way (advanced by every test()).
+#: Communicators with shared-memory operations under way (advanced by every wait).
 _busy: List["SharedMemoryCommunicator"] = []
 
 
@@ -108,7 +110,7 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     environments that differ between ranks cannot split a group between two paths.
     """
     if comm.Get_size() < 2:
-        return ProgressingMPICommunicator(comm, timeout)
+        return MPICommunicator(comm, timeout)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())
     need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
@@ -126,7 +128,7 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
         except OSError:  # every rank gets it (the segment checks with all of them)
             pass
     node.Free()
-    return ProgressingMPICommunicator(comm, timeout)
+    return MPICommunicator(comm, timeout)
 
 
 def _crowded(ranks: int) -> bool:
@@ -156,66 +158,7 @@ def _progress_all() -> None:
         communicator._advance()
 
 
-def _guard(started: Started) -> Started:
-    """An MPI operation's triple whose ``test`` first advances pending shared-memory
-    operations (only while there are some)."""
-    if not _busy:
-        return started
-    test, finish, keep = started
-
-    def guarded() -> bool:
-        _progress_all()
-        return test()
-    return guarded, finish, keep
-
-
-class ProgressingMPICommunicator(MPICommunicator):
-    """The MPI communicator of a group, whose operations advance the shared-memory
-    operations other groups have pending while they are waited for (as MPI's progress
-    engine advances every pending MPI operation), so a rank waiting here still does its
-    part of an earlier shared-memory collective. Costs one test of a list otherwise."""
-
-    def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
-        return _guard(MPICommunicator.all_reduce(self, buf, kind, factor))
-
-    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
-                       factor: Any, counts: Optional[Sequence[int]]) -> Started:
-        return _guard(MPICommunicator.reduce_scatter(self, send, recv, kind, factor, counts))
-
-    def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
-                   counts: Optional[Sequence[int]]) -> Started:
-        return _guard(MPICommunicator.all_gather(self, send, recv, counts))
-
-    def broadcast(self, buf: np.ndarray, root: int) -> Started:
-        return _guard(MPICommunicator.broadcast(self, buf, root))
-
-    def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Started:
-        return _guard(MPICommunicator.reduce(self, buf, kind, factor, root))
-
-    def gather(self, send: np.ndarray, recv: Optional[np.ndarray], root: int,
-               counts: Optional[Sequence[int]]) -> Started:
-        return _guard(MPICommunicator.gather(self, send, recv, root, counts))
-
-    def scatter(self, send: Optional[np.ndarray], recv: np.ndarray, root: int,
-                counts: Optional[Sequence[int]]) -> Started:
-        return _guard(MPICommunicator.scatter(self, send, recv, root, counts))
-
-    def all_to_all(self, send: np.ndarray, recv: np.ndarray,
-                   send_counts: Optional[Sequence[int]],
-                   recv_counts: Optional[Sequence[int]]) -> Started:
-        return _guard(MPICommunicator.all_to_all(self, send, recv, send_counts, recv_counts))
-
-    def barrier(self) -> Started:
-        return _guard(MPICommunicator.barrier(self))
-
-    def send(self, buf: np.ndarray, dst: int, tag: int) -> Started:
-        return _guard(MPICommunicator.send(self, buf, dst, tag))
-
-    def recv(self, buf: np.ndarray, src: Optional[int], tag: int) -> Started:
-        return _guard(MPICommunicator.recv(self, buf, src, tag))
-
-
-class SharedMemoryCommunicator(ProgressingMPICommunicator):
+class SharedMemoryCommunicator(MPICommunicator):
     """An MPI communicator whose large collectives run through shared memory."""
 
     def __init__(self, comm: Any, timeout: Optional[float], node: Any, piece_bytes: int,
@@ -252,6 +195,7 @@ class SharedMemoryCommunicator(ProgressingMPICommunicator):
         self.queue.append(op)
         if self not in _busy:
             _busy.append(self)
+            _work.while_waiting = _progress_all
 
         node = self.node
 
@@ -284,6 +228,8 @@ class SharedMemoryCommunicator(ProgressingMPICommunicator):
     def _idle(self) -> None:
         if self in _busy:
             _busy.remove(self)
+            if not _busy:
+                _work.while_waiting = None
 
     def _shared(self, arr: np.ndarray) -> Optional[tuple]:
         """Where peers read ``arr`` in place: ``(segment index, offset)`` when it lies in
@@ -321,7 +267,7 @@ class SharedMemoryCommunicator(ProgressingMPICommunicator):
     # -- collectives ------------------------------------------------------------------
     def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
         if buf.nbytes < self.min_reduce:
-            return ProgressingMPICommunicator.all_reduce(self, buf, kind, factor)
+            return MPICommunicator.all_reduce(self, buf, kind, factor)
         flat = buf.reshape(-1)
         return self._start(AllReduce(self, flat, self._reducer(buf.dtype, kind, factor),
                                      self._shared(flat)))
@@ -329,7 +275,7 @@ class SharedMemoryCommunicator(ProgressingMPICommunicator):
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
                        factor: Any, counts: Optional[Sequence[int]]) -> Started:
         if send.nbytes < self.min_scatter:
-            return ProgressingMPICommunicator.reduce_scatter(self, send, recv, kind, factor,
+            return MPICommunicator.reduce_scatter(self, send, recv, kind, factor,
                                                              counts)
         flat = send.reshape(-1)
         return self._start(ReduceScatter(self, flat, recv.reshape(-1), counts,
@@ -339,7 +285,7 @@ class SharedMemoryCommunicator(ProgressingMPICommunicator):
     def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
                    counts: Optional[Sequence[int]]) -> Started:
         if recv.nbytes < self.min_gather:
-            return ProgressingMPICommunicator.all_gather(self, send, recv, counts)
+            return MPICommunicator.all_gather(self, send, recv, counts)
         flat = recv.reshape(-1)
         mine = send.reshape(-1) if send is not None else None
         if mine is not None:
@@ -354,7 +300,7 @@ class SharedMemoryCommunicator(ProgressingMPICommunicator):
 
     def broadcast(self, buf: np.ndarray, root: int) -> Started:
         if buf.nbytes < self.min_bcast:
-            return ProgressingMPICommunicator.broadcast(self, buf, root)
+            return MPICommunicator.broadcast(self, buf, root)
         flat = buf.reshape(-1)
         return self._start(Broadcast(self, flat, root,
                                      self._shared(flat) if self.rank == root else None))
