@@ -8,7 +8,7 @@ a launcher even when MPI never started).
 from __future__ import annotations
 
 import re
-from typing import List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 # (rank variable, size variable): the innermost launcher first.
 RANK_VARS: List[Tuple[str, str]] = [
@@ -18,6 +18,14 @@ RANK_VARS: List[Tuple[str, str]] = [
     ("PALS_RANKID", "PALS_SIZE"),                        # HPE/Cray PALS
     ("SLURM_PROCID", "SLURM_NTASKS"),                    # srun
 ]
+#: Who sets each rank variable, for messages.
+SET_BY: Dict[str, str] = {
+    "PMI_RANK": "the PMI launcher (mpiexec/hydra, srun --mpi=pmi2)",
+    "OMPI_COMM_WORLD_RANK": "Open MPI's mpirun",
+    "PMIX_RANK": "the PMIx launcher",
+    "PALS_RANKID": "HPE/Cray PALS",
+    "SLURM_PROCID": "Slurm",
+}
 # (local rank variable, local size variable)
 LOCAL_VARS: List[Tuple[str, str]] = [
     ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),              # MPICH hydra

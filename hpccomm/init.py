@@ -22,6 +22,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import observe
+from ._launcher_env import RANK_VARS, SET_BY
 from .errors import DistValueError
 from .group import ProcessGroup, _backend_map, _mpi, destroy, is_non_member, registry, resolve
 from .types import Backend, default_pg_timeout, timeout_seconds
@@ -31,14 +32,6 @@ logger = logging.getLogger("hpccomm")
 
 #: ``1``/``0``: treat this node as oversubscribed or not, whatever the CPU count says.
 OVERSUBSCRIBED_ENV = "HPCCOMM_OVERSUBSCRIBED"
-
-# (variable for the rank, variable for the size, what set it)
-_LAUNCHER_VARS: List[Tuple[str, str, str]] = [
-    ("PMI_RANK", "PMI_SIZE", "the PMI launcher (mpiexec/hydra, srun --mpi=pmi2)"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
-    ("PMIX_RANK", "PMIX_SIZE", "the PMIx launcher"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "Slurm"),
-]
 
 
 def is_available() -> bool:
@@ -108,13 +101,13 @@ def check_launch(mpi_rank: int, mpi_size: int, rank: int = -1, world_size: int =
         if value not in (None, -1) and value != mpi_rank:
             raise DistValueError(f"init_process_group: {rank_name}{'' if rank_name.endswith('=') else '='}"
                                  f"{value} but this process is MPI rank {mpi_rank} of {mpi_size}")
-    for rank_var, size_var, who in _LAUNCHER_VARS:
+    for rank_var, size_var in RANK_VARS:
         env_rank, env_size = _env_int(rank_var), _env_int(size_var)
         if env_rank is None and env_size is None:
             continue
         if (env_size is not None and env_size != mpi_size) or (
                 env_rank is not None and env_rank != mpi_rank):
-            message = (f"hpccomm: {rank_var}={env_rank}, {size_var}={env_size} (set by {who}) "
+            message = (f"hpccomm: {rank_var}={env_rank}, {size_var}={env_size} (set by {SET_BY[rank_var]}) "
                        f"disagree with MPI: rank {mpi_rank} of {mpi_size}. hpccomm uses MPI's "
                        f"values; check that the launcher matches the MPI library.")
             logger.warning(message)

@@ -22,10 +22,13 @@ import traceback
 from types import TracebackType
 from typing import Any, Callable, Optional, Type
 
+from .._launcher_env import RANK_VARS
+
 #: Set to 1/true/yes to keep Python's default behaviour (no abort).
 OPT_OUT_ENV = "HPCCOMM_NO_ABORT_ON_EXCEPTION"
 
-_RANK_VARS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+#: torch's RANK first, then the launchers' own variables, innermost first.
+_RANK_VARS = ("RANK",) + tuple(rank for rank, _ in RANK_VARS)
 
 _previous: Optional[Callable[..., Any]] = None
 
