@@ -278,8 +278,12 @@ def test_barrier_implies_wait(dist, rank, size):
 
 
 def test_monitored_barrier(dist, rank, size):
-    """GlooProcessGroupWithDispatchedCollectivesTests.test_monitored_barrier."""
-    dist.monitored_barrier()
+    """GlooProcessGroupWithDispatchedCollectivesTests.test_monitored_barrier: it returns
+    None once every rank is in, and the group works on after it."""
+    assert dist.monitored_barrier() is None
+    after = np.array([rank + 1])
+    dist.all_reduce(after)
+    assert after[0] == size * (size + 1) // 2
 
 
 def test_collectives_accept_their_arguments(dist, rank, size):
@@ -287,15 +291,20 @@ def test_collectives_accept_their_arguments(dist, rank, size):
     called as torch's test calls it (root = this rank's own, at one rank)."""
     if size != 1:
         pytest.skip("torch runs it with one rank (the root is each caller's own rank)")
-    tensor = np.zeros((2, 2))
-    dist.reduce(tensor, rank)
-    dist.broadcast(tensor, rank)
-    dist.all_reduce(tensor)
-    dist.all_gather([tensor], tensor)
-    dist.reduce_scatter(tensor, [tensor])
-    dist.barrier()
-    dist.all_to_all([tensor], [tensor])
-    dist.scatter(tensor, [tensor])
+    tensor = np.full((2, 2), 3.0)
+    other = np.zeros((2, 2))
+    assert dist.reduce(tensor, rank) is None
+    assert dist.broadcast(tensor, rank) is None
+    assert dist.all_reduce(tensor) is None
+    dist.all_gather([other], tensor)
+    assert (other == 3.0).all()
+    dist.reduce_scatter(other, [np.full((2, 2), 5.0)])
+    assert (other == 5.0).all()
+    assert dist.barrier() is None
+    dist.all_to_all([other], [np.full((2, 2), 7.0)])
+    assert (other == 7.0).all()
+    dist.scatter(other, [np.full((2, 2), 9.0)])
+    assert (other == 9.0).all() and (tensor == 3.0).all()
 
 
 def test_all_to_all_single(dist, rank, size):
