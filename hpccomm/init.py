@@ -107,7 +107,8 @@ def check_launch(mpi_rank: int, mpi_size: int, rank: int = -1, world_size: int =
             continue
         if (env_size is not None and env_size != mpi_size) or (
                 env_rank is not None and env_rank != mpi_rank):
-            message = (f"hpccomm: {rank_var}={env_rank}, {size_var}={env_size} (set by {SET_BY[rank_var]}) "
+            message = (f"hpccomm: {rank_var}={env_rank}, {size_var}={env_size} "
+                       f"(set by {SET_BY[rank_var]}) "
                        f"disagree with MPI: rank {mpi_rank} of {mpi_size}. hpccomm uses MPI's "
                        f"values; check that the launcher matches the MPI library.")
             logger.warning(message)
