@@ -165,6 +165,45 @@ def test_requires_grad_and_zero_dim_tensors(torch_world, rank, size):
     assert s.item() == size - 1
 
 
+def test_a_tensor_reduced_again_follows_its_memory(torch_world, rank, size):
+    """A tensor reduced repeatedly gets a reused view; changing its memory, size or dtype
+    in place must send the next reduction to the new memory."""
+    total = float(sum(range(size)))
+    x = torch.full((4,), float(rank))
+    for _ in range(3):  # the second and third calls reuse the view
+        x.fill_(float(rank))
+        dist.all_reduce(x)
+        close(x, torch.full((4,), total))
+    x.set_(torch.full((6,), float(rank)))  # new storage, new size
+    dist.all_reduce(x)
+    close(x, torch.full((6,), total))
+    x.resize_(3)  # same memory, fewer elements
+    x.fill_(float(rank))
+    dist.all_reduce(x)
+    close(x, torch.full((3,), total))
+    x.data = torch.full((5,), rank, dtype=torch.int64)  # another dtype, same Python object
+    dist.all_reduce(x)
+    assert x.dtype is torch.int64
+    close(x, torch.full((5,), total))
+
+
+def test_reducing_a_tensor_does_not_keep_it_alive(torch_world, rank, size):
+    import gc
+    import weakref
+
+    from hpccomm.torch import _tensors
+
+    x = torch.ones(8)
+    for _ in range(3):
+        dist.all_reduce(x)
+    key, ref = id(x), weakref.ref(x)
+    assert key in _tensors._SEEN
+    del x
+    gc.collect()
+    assert ref() is None, "the reused view kept the tensor alive"
+    assert key not in _tensors._SEEN
+
+
 # -- broadcast, reduce ---------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_broadcast_every_dtype_and_root(torch_world, rank, size, dtype):

@@ -38,6 +38,8 @@ from .work import DONE, PendingWork
 _reduce_op = _tensors.reduce_op
 _timeout_of = _tensors.timeout_of
 _view = _tensors.view
+_lasting_view = _tensors.lasting_view
+_REDUCIBLE = _tensors.REDUCIBLE
 _launch = _call.launch
 _CPU = torch.device("cpu")
 _CUDA = torch.device("cuda")
@@ -162,9 +164,10 @@ class ProcessGroupHPC(dist.ProcessGroup):
              outputs: List[Any], after: Optional[Callable[[], None]] = None,
              keep: Any = None) -> dist.Work:
         async_op = opts.asyncOp
-        try:
+        try:  # the tensors stay alive while MPI may use them (views need not hold them)
             outcome = _launch(self._host, op, start, args, arr, async_op, None,
-                              _timeout_of(opts), (), after, keep)
+                              _timeout_of(opts), (), after,
+                              outputs if keep is None else (outputs, keep))
         except DistBackendError as exc:
             raise for_torch(exc) from None
         if async_op:
@@ -211,9 +214,9 @@ class ProcessGroupHPC(dist.ProcessGroup):
         opts = opts or dist.AllreduceOptions()
         t = tensors[0] if len(tensors) == 1 else self._one("all_reduce", tensors)
         back = None
-        try:  # the hot path inline: a contiguous tensor NumPy can view directly
-            arr = t.numpy() if t.is_contiguous() else None
-        except (RuntimeError, TypeError):  # bfloat16, requires_grad...: the general way
+        try:  # the hot path inline: a contiguous CPU tensor, viewed once (kept by _run)
+            arr = _lasting_view(t) if t.is_contiguous() and t.dtype in _REDUCIBLE else None
+        except (RuntimeError, TypeError):  # CUDA, an unviewable dtype: the general way
             arr = None
         if arr is None:
             if not t.is_cpu:
