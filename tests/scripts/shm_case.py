@@ -49,7 +49,8 @@ def killed():
     The rank is stopped first and killed afterwards because MPICH's mpiexec kills every
     rank as soon as one dies: the survivors could not report otherwise.
     """
-    x = np.ones(1 << 16, np.float32)
+    # 4096 chunks: three calls of rank 1 cannot finish its part, however fast its peers
+    x = np.ones(1 << 22, np.float32)
     dist.all_reduce(x)  # every rank through once: the segment is in use
     segments = backing_files()
     pids = [None] * dist.get_world_size()
