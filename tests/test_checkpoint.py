@@ -7,9 +7,11 @@ and load at 1, 2, 4 and 8, and to kill a save half-way.
 import glob
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 
@@ -169,9 +171,14 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path):
     mpiexec(2, "save", path)
     before = os.path.getmtime(path)
     launcher = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    # A launcher killed with SIGKILL leaves its session files (Open MPI: /tmp/ompi.<pid>
+    # with a socket named by its pid): a later launcher that gets the same pid would fail
+    # to start, so this one keeps them in a directory of its own (short: socket paths
+    # are limited to 108 characters).
+    session = tempfile.mkdtemp(prefix="hpccomm-kill-")
     job = subprocess.Popen([launcher, "-n", "2", sys.executable, __file__, "slow-save", path],
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
+                           start_new_session=True, env=dict(os.environ, TMPDIR=session))
     try:
         deadline = time.time() + 90
         while time.time() < deadline and not (glob.glob(str(tmp_path / ".ckpt.h5.tmp-*"))
@@ -188,6 +195,7 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path):
             except ProcessLookupError:
                 pass
         job.wait(timeout=30)
+        shutil.rmtree(session, ignore_errors=True)
     leftovers = glob.glob(str(tmp_path / ".ckpt.h5.tmp-*"))
     assert leftovers, "the killed save should have left its temporary file"
     assert os.path.getmtime(path) == before
