@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import numpy as np
 
 from . import observe as _observe
+from . import work as _waits
 from ._arrays import _FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistBackendError, DistError
 from .group import ProcessGroup
@@ -247,6 +248,38 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
         work = _work(started, pg, op, seq, arr, peer, timeout, result, after, keep)
         work._fail(exc)
         raise work._error from exc  # type: ignore[misc]
+
+
+def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: int,
+                 datatype: int, timeout: Optional[float], arr: Any, keep: Any) -> bool:
+    """A synchronous in-place SUM all-reduce of ``count`` elements at ``address`` in the
+    backend's direct form (:meth:`~hpccomm.backends.mpi.MPICommunicator.sum_in_place_at`),
+    the caller having checked the buffer (contiguous, on the CPU, ``datatype`` from the
+    backend's ``direct_types``) and keeping it alive. ``True`` once done; ``False``, with
+    nothing started, where only the general path (:func:`launch`) applies: ``nbytes``
+    at or above the backend's ``direct_below``, observers registered, or other
+    operations that a wait must advance. ``arr`` describes the operation in errors (it
+    needs ``shape`` and ``dtype``); ``keep`` outlives the operation, even a timed-out one.
+    """
+    cpu = pg.cpu
+    if nbytes >= cpu.direct_below or _observe.active or _waits.while_waiting is not None:
+        return False
+    limit = pg.timeout if timeout is None else timeout
+    seq = pg.seq = pg.seq + 1
+    try:
+        running = cpu.sum_in_place_at(address, count, datatype,
+                                      _DIRECT_SLICE if limit is None else
+                                      min(_DIRECT_SLICE, limit))
+    except Exception as exc:
+        raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
+                               f"'{pg.group_name}' failed: {exc}") from exc
+    if running is not None:  # still running after the spin: waited as any operation
+        _work(running, pg, op, seq, arr, None, timeout, (), None, keep).wait()
+    return True
+
+
+#: Longest spin of the direct form before its operation is waited for as a Work.
+_DIRECT_SLICE = 0.05
 
 
 def _watch(work: Work) -> None:

@@ -165,29 +165,37 @@ def test_requires_grad_and_zero_dim_tensors(torch_world, rank, size):
     assert s.item() == size - 1
 
 
-def test_a_tensor_reduced_again_follows_its_memory(torch_world, rank, size):
-    """A tensor reduced repeatedly gets a reused view; changing its memory, size or dtype
-    in place must send the next reduction to the new memory."""
-    total = float(sum(range(size)))
+# SUM goes the direct form (buffer address per call), MAX through a reused NumPy view.
+REUSE_OPS = {"sum": (dist.ReduceOp.SUM, lambda size: float(sum(range(size)))),
+             "max": (dist.ReduceOp.MAX, lambda size: float(size - 1))}
+
+
+@pytest.mark.parametrize("op_name", sorted(REUSE_OPS))
+def test_a_tensor_reduced_again_follows_its_memory(torch_world, rank, size, op_name):
+    """A tensor reduced repeatedly; changing its memory, size or dtype in place must send
+    the next reduction to the new memory."""
+    op, expected = REUSE_OPS[op_name]
+    total = expected(size)
     x = torch.full((4,), float(rank))
-    for _ in range(3):  # the second and third calls reuse the view
+    for _ in range(3):  # the second and third calls reuse what the first found
         x.fill_(float(rank))
-        dist.all_reduce(x)
+        dist.all_reduce(x, op=op)
         close(x, torch.full((4,), total))
     x.set_(torch.full((6,), float(rank)))  # new storage, new size
-    dist.all_reduce(x)
+    dist.all_reduce(x, op=op)
     close(x, torch.full((6,), total))
     x.resize_(3)  # same memory, fewer elements
     x.fill_(float(rank))
-    dist.all_reduce(x)
+    dist.all_reduce(x, op=op)
     close(x, torch.full((3,), total))
     x.data = torch.full((5,), rank, dtype=torch.int64)  # another dtype, same Python object
-    dist.all_reduce(x)
+    dist.all_reduce(x, op=op)
     assert x.dtype is torch.int64
     close(x, torch.full((5,), total))
 
 
-def test_reducing_a_tensor_does_not_keep_it_alive(torch_world, rank, size):
+@pytest.mark.parametrize("op_name", sorted(REUSE_OPS))
+def test_reducing_a_tensor_does_not_keep_it_alive(torch_world, rank, size, op_name):
     import gc
     import weakref
 
@@ -195,13 +203,59 @@ def test_reducing_a_tensor_does_not_keep_it_alive(torch_world, rank, size):
 
     x = torch.ones(8)
     for _ in range(3):
-        dist.all_reduce(x)
+        dist.all_reduce(x, op=REUSE_OPS[op_name][0])
     key, ref = id(x), weakref.ref(x)
-    assert key in _tensors._SEEN
+    if op_name == "max":
+        assert key in _tensors._SEEN
     del x
     gc.collect()
-    assert ref() is None, "the reused view kept the tensor alive"
+    assert ref() is None, "the reduction kept the tensor alive"
     assert key not in _tensors._SEEN
+
+
+def _direct_form():
+    from hpccomm.backends import mpi_direct
+
+    return mpi_direct.available()
+
+
+@pytest.mark.skipif(not _direct_form(), reason="the C helper _mpi_direct is not built "
+                    "(no C compiler at install) or HPCCOMM_MPI_DIRECT=0")
+def test_blocking_sums_take_the_direct_form(torch_world, rank, size, monkeypatch):
+    """A blocking SUM of a contiguous float32 tensor starts through the C helper; a
+    non-contiguous one, an async one and another op do not, and all agree."""
+    from hpccomm import _call
+
+    calls = []
+    real = _call.sum_in_place
+
+    def counted(*args):
+        done = real(*args)
+        calls.append(done)
+        return done
+    monkeypatch.setattr("hpccomm.torch.process_group._sum_in_place", counted)
+    x = torch.full((5,), float(rank + 1))
+    dist.all_reduce(x)
+    assert calls == [True]
+    close(x, torch.full((5,), float(size * (size + 1) // 2)))
+    strided = torch.full((4, 2), float(rank + 1))[:, 0]
+    dist.all_reduce(strided)
+    dist.all_reduce(x, async_op=True).wait()
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    assert calls == [True], "only the first call fits the direct form"
+    close(strided, torch.full((4,), float(size * (size + 1) // 2)))
+
+
+def test_a_direct_sum_outlasting_its_spin_completes(torch_world, rank, size):
+    """Rank 0 joins late, past the C helper's spin: the others' sums go on waiting the
+    general way and complete with the right values."""
+    from hpccomm.backends import mpi_direct
+
+    if rank == 0:
+        time.sleep(3 * mpi_direct.SLICE_S)
+    x = torch.arange(1000, dtype=torch.float64) + rank
+    dist.all_reduce(x)
+    close(x, torch.arange(1000, dtype=torch.float64) * size + sum(range(size)))
 
 
 # -- broadcast, reduce ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ Reductions arrive as ``(kind, factor)``: a :class:`~hpccomm.types.RedOpType` and
 from __future__ import annotations
 
 import abc
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 from ..types import RedOpType
 from ..work import Started, Work
@@ -36,6 +36,11 @@ class Communicator(abc.ABC):
     name = "undefined"
     rank: int
     size: int
+    #: Bytes below which a synchronous in-place SUM all-reduce may take the backend's
+    #: direct form, ``sum_in_place_at`` (the MPI backend's); 0: the backend has none.
+    direct_below = 0
+    #: dtype -> MPI datatype handle, the dtypes that direct form takes.
+    direct_types: Dict[Any, int] = {}
 
     # -- collectives ------------------------------------------------------------------
     @abc.abstractmethod

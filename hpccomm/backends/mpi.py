@@ -30,7 +30,7 @@ from ..errors import DistBackendError
 from ..types import RedOpType
 from .. import work as _work
 from ..work import Started, Work, chain
-from . import mpi_gate
+from . import mpi_direct, mpi_gate
 from .base import Communicator
 
 IN_PLACE = MPI.IN_PLACE
@@ -55,6 +55,9 @@ _FLOAT32 = np.dtype(np.float32)
 _NEVER = mpi_gate.NEVER
 #: This MPI library's gating thresholds (nonblocking call name -> bytes), found once.
 _GATED_FROM = mpi_gate.gated_from(MPI.get_vendor()[0])
+_INT_MAX = 2 ** 31 - 1
+_DIRECT_SUM = mpi_direct.handle(MPI.SUM)
+_DIRECT_TYPES: Optional[Dict[Any, int]] = None
 
 #: (MPI datatype, MPI op, staging dtype or None)
 _Plan = Tuple[Any, Any, Optional[Any]]
@@ -89,6 +92,18 @@ def _plan(dtype: Any, kind: RedOpType) -> _Plan:
             plan = (MPI.FLOAT, _ARITH[kind], _FLOAT32)
         _PLANS[kind][dtype] = plan
     return plan
+
+
+def direct_sum_types() -> Dict[Any, int]:
+    """dtype -> MPI datatype handle for :meth:`MPICommunicator.sum_in_place_at`: the
+    dtypes whose SUM plan is one predefined type summed by ``MPI_SUM``, unstaged (an
+    empty dict where the direct form is unavailable)."""
+    global _DIRECT_TYPES
+    if _DIRECT_TYPES is None:
+        _DIRECT_TYPES = (mpi_direct.sum_types({dtype: _plan(dtype, _SUM)
+                                               for dtype in _PREDEFINED})
+                         if mpi_direct.available() else {})
+    return _DIRECT_TYPES
 
 
 def _start(finish: Optional[Callable[[], Any]], call: Callable[..., Any], *args: Any
@@ -141,6 +156,14 @@ class MPICommunicator(Communicator):
         self.gate = mpi_gate.Gate(comm, timeout) if self.gated_from else None
         if self.gate is None:
             self._collective = _plain_collective
+        #: Bytes from which a synchronous in-place SUM all-reduce leaves the direct form
+        #: (:meth:`sum_in_place_at`) for the general path: where a gate starts, the
+        #: shared-memory path starts, or MPI's int count ends; 0: no direct form.
+        self.direct_types = direct_sum_types()
+        self.direct_below = (min(self.gated_from.get("Iallreduce", _NEVER), _INT_MAX)
+                             if self.direct_types else 0)
+        self._handle = mpi_direct.handle(comm)
+        self._direct_sum = mpi_direct.function()
 
     def _collective(self, nbytes: int, finish: Optional[Callable[[], Any]],
                     call: Callable[..., Any], *args: Any) -> Started:
@@ -163,6 +186,22 @@ class MPICommunicator(Communicator):
         return None
 
     # -- collectives ----------------------------------------------------------------
+    def sum_in_place_at(self, address: int, count: int, datatype: int, slice_s: float
+                        ) -> Optional[Started]:
+        """The direct form of an in-place SUM all-reduce (:mod:`.mpi_direct`) of
+        ``count`` elements of ``datatype`` (a handle from :func:`direct_sum_types`) at
+        ``address``, for a caller that waits at once and keeps the memory alive:
+        ``None`` once done, else the ``(test, finish, keep)`` of the operation still
+        running after ``slice_s`` seconds of spinning."""
+        try:
+            running = self._direct_sum(address, count, datatype, _DIRECT_SUM, self._handle,
+                                  slice_s)
+        except RuntimeError as exc:
+            raise mpi_direct.error(exc) from None
+        if running is None:
+            return None
+        return MPI.Request.fromhandle(running).Test, None, None
+
     def broadcast(self, buf: np.ndarray, root: int) -> Started:
         mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)
         return self._collective(buf.nbytes, None, self.comm.Ibcast, [buf, mpitype], root)

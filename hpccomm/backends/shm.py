@@ -166,6 +166,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         super().__init__(comm, timeout)
         self.node = node
         self.min_reduce = max(1, min_bytes["all_reduce"])
+        self.direct_below = min(self.direct_below, self.min_reduce)
         self.min_scatter = max(1, min_bytes["reduce_scatter"])
         self.min_gather = max(1, min_bytes["all_gather"])
         self.min_bcast = max(1, min_bytes["broadcast"])

@@ -48,6 +48,17 @@ _SUM, _TORCH_SUM = RedOpType.SUM, dist.ReduceOp.SUM
 REDUCIBLE = _VIEWABLE | {torch.bfloat16}
 
 
+def direct_types(numpy_types: Dict[np.dtype, int]) -> Dict[torch.dtype, Tuple[int, int]]:
+    """torch dtype -> ``(MPI datatype handle, itemsize)`` for the NumPy dtypes in
+    ``numpy_types`` (a backend's ``direct_types``) that torch tensors view as is."""
+    found = {}
+    for dtype in _VIEWABLE:
+        as_numpy = torch.empty(0, dtype=dtype).numpy().dtype
+        if as_numpy in numpy_types:
+            found[dtype] = (numpy_types[as_numpy], as_numpy.itemsize)
+    return found
+
+
 class Unsupported(TypeError):
     """A tensor hpccomm cannot hand to MPI (the caller words the error)."""
 

@@ -41,6 +41,8 @@ _view = _tensors.view
 _lasting_view = _tensors.lasting_view
 _REDUCIBLE = _tensors.REDUCIBLE
 _launch = _call.launch
+_sum_in_place = _call.sum_in_place
+_TORCH_SUM = dist.ReduceOp.SUM
 _CPU = torch.device("cpu")
 _CUDA = torch.device("cuda")
 
@@ -123,6 +125,8 @@ class ProcessGroupHPC(dist.ProcessGroup):
         self._name = host.group_name
         self._desc = host.group_desc
         self._cuda_backend: Any = None
+        #: torch dtype -> (MPI datatype, itemsize): what all_reduce's direct form takes.
+        self._direct = _tensors.direct_types(host.cpu.direct_types)
 
     # -- identity --------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -211,6 +215,23 @@ class ProcessGroupHPC(dist.ProcessGroup):
 
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        if opts is not None and not opts.asyncOp and len(tensors) == 1:
+            t = tensors[0]  # the hottest call: a blocking in-place sum, in direct form
+            direct = self._direct.get(t.dtype)
+            try:
+                fits = (direct is not None and t.is_cpu and t.is_contiguous()
+                        and not t.is_neg() and opts.reduceOp == _TORCH_SUM)
+            except RuntimeError:  # a sparse or other non-strided tensor: the general way
+                fits = False
+            if fits:
+                count = t.numel()
+                try:
+                    if _sum_in_place(self._host, "all_reduce", t.data_ptr(), count,
+                                     count * direct[1], direct[0], _timeout_of(opts), t,
+                                     tensors):
+                        return DONE
+                except DistBackendError as exc:
+                    raise for_torch(exc) from None
         opts = opts or dist.AllreduceOptions()
         t = tensors[0] if len(tensors) == 1 else self._one("all_reduce", tensors)
         back = None

@@ -1,0 +1,95 @@
+"""The direct form of a synchronous in-place SUM all-reduce (the C helper ``_mpi_direct``).
+
+A group's hottest call, a blocking all-reduce of a contiguous CPU tensor, costs about
+2 us of Python on the general path before MPI even starts. A torch process group pays
+that on top of torch's own wrapper, which left its all_reduce 10-17% behind a raw
+mpi4py ``Allreduce`` from 256 KiB to 4 MiB on 2 ranks. The direct form takes a buffer
+address, an element count and MPI handles resolved once, starts ``MPI_Iallreduce``
+and spins ``MPI_Test`` in C with the GIL released.
+
+It is a fast start, not a second wait: after :data:`SLICE_S` an operation still running
+comes back as an mpi4py request, which the caller waits for the general way (deadline,
+timeout errors, signals, the progress of other operations). The C helper calls the
+MPI library mpi4py loaded, through addresses found with ctypes, so one build serves
+every MPI. Without a compiled helper (no C compiler at install), or with
+``HPCCOMM_MPI_DIRECT=0``, :func:`available` is false and every call takes the general
+path.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+ENABLE_ENV = "HPCCOMM_MPI_DIRECT"
+#: Longest spin in C before the general wait takes over (a deadline, signals and other
+#: operations' progress are checked there).
+SLICE_S = 0.05
+
+_helper: Any = None
+_ready: Optional[bool] = None
+
+
+def available() -> bool:
+    """Whether the direct form can be used in this process (helper built and bound)."""
+    global _helper, _ready
+    if _ready is None:
+        _ready = False
+        if os.environ.get(ENABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+            return False
+        try:
+            from . import _mpi_direct  # type: ignore[attr-defined]
+        except ImportError:  # built without a C compiler: the general path only
+            return False
+        _mpi_direct.bind(*_library_entry_points())
+        _helper = _mpi_direct
+        _ready = True
+    return _ready
+
+
+def _library_entry_points() -> tuple:
+    """``(MPI_Iallreduce, MPI_Test, MPI_IN_PLACE, sizeof(MPI_Request))`` of the MPI
+    library mpi4py loaded (looked up through mpi4py's own extension, whatever the
+    library's file is called)."""
+    import ctypes
+
+    library = ctypes.CDLL(MPI.__file__)
+
+    def address(name: str) -> int:
+        return ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0
+    in_place = int(MPI.IN_PLACE) & _WORD  # mpi4py gives the constant's value as an int
+    return (address("MPI_Iallreduce"), address("MPI_Test"), in_place,
+            MPI._sizeof(MPI.Request))
+
+
+_WORD = 0xFFFFFFFFFFFFFFFF
+
+
+def handle(obj: Any) -> int:
+    """An MPI object's handle as the C helper takes it (an unsigned machine word)."""
+    return MPI._handleof(obj) & _WORD
+
+
+def sum_types(plans: Dict[np.dtype, Any]) -> Dict[np.dtype, int]:
+    """dtype -> MPI datatype handle, for the dtypes whose SUM ``plans`` (dtype -> the MPI
+    backend's ``(mpitype, op, stage)``) is one predefined MPI type summed by
+    ``MPI_SUM`` with no staging copy: those the direct form computes exactly as the
+    general path."""
+    return {dtype: handle(mpitype) for dtype, (mpitype, op, stage) in plans.items()
+            if stage is None and op == MPI.SUM}
+
+
+def function() -> Any:
+    """The C helper's ``sum_in_place(address, count, datatype, op, comm, slice)``: returns
+    ``None`` once the operation is done, else the running request's handle (an int);
+    an MPI error raises ``RuntimeError(code)`` (see :func:`error`). ``None`` when the
+    direct form is unavailable."""
+    return _helper.sum_in_place if available() else None
+
+
+def error(exc: RuntimeError) -> Exception:
+    """The mpi4py exception for the helper's ``RuntimeError(code)``."""
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else MPI.ERR_OTHER
+    return MPI.Exception(code)

@@ -1,0 +1,68 @@
+"""The direct form of a blocking in-place SUM all-reduce (the C helper ``_mpi_direct``):
+where it applies, its MPI errors, and the values it computes on NumPy buffers."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpccomm.backends import mpi_direct
+
+pytestmark = [pytest.mark.mpi(min_size=1),
+              pytest.mark.skipif(not mpi_direct.available(),
+                                 reason="the C helper _mpi_direct is not built (no C "
+                                        "compiler at install) or HPCCOMM_MPI_DIRECT=0")]
+
+
+def test_its_types_are_the_unstaged_sums(dist):
+    cpu = dist.group.WORLD.cpu
+    types = cpu.direct_types
+    assert np.dtype(np.float32) in types and np.dtype(np.int64) in types
+    # staged in float32 (rounding like torch) or summed logically: never direct
+    assert np.dtype(np.float16) not in types and np.dtype(bool) not in types
+
+
+def test_it_stops_where_shared_memory_or_a_gate_starts(dist, size):
+    from hpccomm.backends.shm import SharedMemoryCommunicator
+
+    cpu = dist.group.WORLD.cpu
+    assert 0 < cpu.direct_below <= 2 ** 31 - 1
+    if isinstance(cpu, SharedMemoryCommunicator):
+        assert cpu.direct_below <= cpu.min_reduce
+    assert cpu.direct_below <= cpu.gated_from.get("Iallreduce", float("inf"))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint8])
+def test_sums_every_rank_in_place(dist, rank, size, dtype):
+    pg = dist.new_group(list(range(size)))
+    x = (np.arange(10) % 4 + rank).astype(dtype)
+    datatype = pg.cpu.direct_types[x.dtype]
+    assert pg.cpu.sum_in_place_at(x.ctypes.data, x.size, datatype, 1.0) is None
+    expected = (np.arange(10) % 4 * size + sum(range(size))).astype(dtype)
+    np.testing.assert_array_equal(x, expected)
+    dist.destroy_process_group(pg)
+
+
+def test_an_mpi_error_names_the_operation_rank_and_group(dist, rank, size):
+    """The helper reports an MPI error code as RuntimeError(code) (invalid handles crash
+    MPI libraries built without argument checks, so the failure is injected here)."""
+    from hpccomm import _call
+    from hpccomm.errors import DistBackendError
+
+    pg = dist.new_group(list(range(size)))
+    cpu = pg.cpu
+
+    def failing(*args):
+        raise RuntimeError(MPI.ERR_TYPE)
+    real, cpu._direct_sum = cpu._direct_sum, failing
+    x = np.ones(4, np.float32)
+    with pytest.raises(DistBackendError) as caught:
+        _call.sum_in_place(pg, "all_reduce", x.ctypes.data, x.size, x.nbytes,
+                           cpu.direct_types[x.dtype], None, x, x)
+    message = str(caught.value)
+    assert f"all_reduce on rank {rank}/{size} of group '{pg.group_name}'" in message
+    assert isinstance(caught.value.__cause__, MPI.Exception)
+    assert caught.value.__cause__.Get_error_code() == MPI.ERR_TYPE
+    cpu._direct_sum = real  # nothing was started: the group still sums, directly too
+    assert _call.sum_in_place(pg, "all_reduce", x.ctypes.data, x.size, x.nbytes,
+                              cpu.direct_types[x.dtype], None, x, x)
+    np.testing.assert_array_equal(x, np.full(4, size, np.float32))
+    dist.destroy_process_group(pg)
