@@ -267,19 +267,13 @@ def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: in
     limit = pg.timeout if timeout is None else timeout
     seq = pg.seq = pg.seq + 1
     try:
-        running = cpu.sum_in_place_at(address, count, datatype,
-                                      _DIRECT_SLICE if limit is None else
-                                      min(_DIRECT_SLICE, limit))
+        running = cpu.sum_in_place_at(address, count, datatype, limit)
     except Exception as exc:
         raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
                                f"'{pg.group_name}' failed: {exc}") from exc
     if running is not None:  # still running after the spin: waited as any operation
         _work(running, pg, op, seq, arr, None, timeout, (), None, keep).wait()
     return True
-
-
-#: Longest spin of the direct form before its operation is waited for as a Work.
-_DIRECT_SLICE = 0.05
 
 
 def _watch(work: Work) -> None:

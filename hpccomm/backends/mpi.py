@@ -57,6 +57,7 @@ _NEVER = mpi_gate.NEVER
 _GATED_FROM = mpi_gate.gated_from(MPI.get_vendor()[0])
 _INT_MAX = 2 ** 31 - 1
 _DIRECT_SUM = mpi_direct.handle(MPI.SUM)
+_DIRECT_SLICE = mpi_direct.SLICE_S
 _DIRECT_TYPES: Optional[Dict[Any, int]] = None
 
 #: (MPI datatype, MPI op, staging dtype or None)
@@ -186,16 +187,18 @@ class MPICommunicator(Communicator):
         return None
 
     # -- collectives ----------------------------------------------------------------
-    def sum_in_place_at(self, address: int, count: int, datatype: int, slice_s: float
-                        ) -> Optional[Started]:
+    def sum_in_place_at(self, address: int, count: int, datatype: int,
+                        limit: Optional[float]) -> Optional[Started]:
         """The direct form of an in-place SUM all-reduce (:mod:`.mpi_direct`) of
         ``count`` elements of ``datatype`` (a handle from :func:`direct_sum_types`) at
         ``address``, for a caller that waits at once and keeps the memory alive:
         ``None`` once done, else the ``(test, finish, keep)`` of the operation still
-        running after ``slice_s`` seconds of spinning."""
+        running after spinning :data:`~.mpi_direct.SLICE_S` (or the caller's time
+        ``limit`` in seconds, if shorter)."""
+        slice_s = _DIRECT_SLICE if limit is None else min(_DIRECT_SLICE, limit)
         try:
             running = self._direct_sum(address, count, datatype, _DIRECT_SUM, self._handle,
-                                  slice_s)
+                                       slice_s)
         except RuntimeError as exc:
             raise mpi_direct.error(exc) from None
         if running is None:
