@@ -49,7 +49,6 @@ def killed():
     The rank is stopped first and killed afterwards because MPICH's mpiexec kills every
     rank as soon as one dies: the survivors could not report otherwise.
     """
-    # 4096 chunks: three calls of rank 1 cannot finish its part, however fast its peers
     x = np.ones(1 << 22, np.float32)
     dist.all_reduce(x)  # every rank through once: the segment is in use
     segments = backing_files()
@@ -58,8 +57,12 @@ def killed():
     if dist.get_rank() == 1:
         work = dist.all_reduce(x, async_op=True)
         for _ in range(3):
-            work.is_completed()  # stage a few chunks, then stop holding the ring
+            work.is_completed()  # stage what the ring holds, then stop holding it
         os.kill(os.getpid(), signal.SIGSTOP)
+    else:
+        # join only once rank 1 has stopped: while its peers keep pace, one call of
+        # rank 1 goes on advancing and could finish the whole operation
+        time.sleep(1.0)
     start = time.monotonic()
     try:
         dist.all_reduce(x)
