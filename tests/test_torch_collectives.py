@@ -588,6 +588,43 @@ def test_async_work_progresses_without_wait(torch_world, rank, size):
     work.wait()
 
 
+def test_async_works_waited_at_once_are_not_kept(torch_world, rank, size):
+    """Works their callers wait for at once leave the progress thread's queue within a
+    few operations, not at its next round: hundreds kept alive between rounds outlive
+    the garbage collector's young generations and make its full collections frequent."""
+    import weakref
+
+    from hpccomm.torch import progress
+
+    x = torch.full((8,), float(rank))
+    refs = []
+    for _ in range(2000):  # tens of ms: many of the thread's pauses (2 ms at most)
+        work = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
+        work.wait()
+        refs.append(weakref.ref(work))
+        del work
+    alive = sum(ref() is not None for ref in refs)  # at once, before the thread's round
+    close(x, torch.full((8,), float(size - 1)))
+    # the queue is pruned past PRUNE_AT; the thread holds at most one queue's worth
+    assert alive <= 2 * progress.PRUNE_AT + 2, f"{alive} finished works still referenced"
+
+
+def test_one_async_work_waited_from_two_threads(torch_world, rank, size):
+    """Two threads waiting on the same Work: one polls MPI, the other waits for it to
+    finish, both see it complete (only one thread may test an MPI request at a time)."""
+    import threading
+
+    x = torch.full((1 << 18,), float(rank))
+    work = dist.all_reduce(x, async_op=True)
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(work.wait()))
+    waiter.start()
+    results.append(work.wait())
+    waiter.join(timeout=60)
+    assert not waiter.is_alive() and results == [True, True]
+    close(x, torch.full((1 << 18,), float(sum(range(size)))))
+
+
 # -- groups -----------------------------------------------------------------------------------
 def test_new_group_and_non_members(torch_world, rank, size):
     evens = dist.new_group([r for r in range(size) if r % 2 == 0])

@@ -22,7 +22,12 @@ undisturbed, while MPI still progresses every request as the caller computes.
   :data:`MAX_SLEEP_S`); most are waited for before, and the thread never touches them;
 * a future is wanted by code that will block in C++: it wakes the thread at once;
 * while a Python thread waits on a Work it polls MPI itself (which progresses every
-  request of the process), so the thread skips its rounds (:meth:`Progress.hold`).
+  request of the process), so the thread skips its rounds (:meth:`Progress.hold`);
+* works their callers have finished leave the queue within a few operations
+  (:data:`PRUNE_AT`) and never make the thread poll closely: a stream of async ops
+  waited at once neither keeps hundreds of dead works alive between rounds (each
+  garbage collection would promote them, and full collections take tens of ms with
+  torch loaded) nor has the thread take the GIL every :data:`POLL_S`.
 
 It needs MPI_THREAD_MULTIPLE (mpi4py's default); below that, :func:`available` is false
 and futures are completed by waiting for them.
@@ -43,6 +48,8 @@ POLL_S = 50e-6
 MAX_SLEEP_S = 2e-3
 #: Idle time after which the thread blocks until an operation wakes it.
 LINGER_S = 0.1
+#: Queue length from which an add first drops the works already finished.
+PRUNE_AT = 16
 #: MPI_THREAD_MULTIPLE's value in every MPI library hpccomm supports (MPICH, Open MPI,
 #: Intel MPI number the levels 0-3).
 _THREAD_MULTIPLE = 3
@@ -63,7 +70,8 @@ def available() -> bool:
 
 class Progress:
     """The thread and its queue of works (objects with ``_advance()`` and
-    ``_expire(now)``, both true once the work has finished)."""
+    ``_expire(now)``, both true once the work has finished, and ``_done``, true once
+    it is known to have finished)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -73,6 +81,8 @@ class Progress:
         self._held = 0           # Python waiters polling MPI themselves
         self._held_lock = threading.Lock()  # += is not atomic across threads
         self._parked = False     # the thread blocks on the condition variable
+        self._wake = False       # an urgent work (or stop) came: skip the next pause
+        self._prune_at = PRUNE_AT  # queue length at which add() drops finished works
 
     def add(self, work: Any, urgent: bool = False) -> None:
         """Have the thread drive ``work`` until it finishes (starts the thread once);
@@ -80,7 +90,10 @@ class Progress:
         if self._stopping:
             raise RuntimeError("hpccomm.torch: the progress thread has stopped "
                                "(interpreter shutting down)")
-        self._incoming.append(work)
+        incoming = self._incoming
+        incoming.append(work)
+        if len(incoming) > self._prune_at:
+            self._prune()
         if self._thread is None or self._parked or urgent:
             with self._cond:
                 if self._thread is None:
@@ -88,7 +101,23 @@ class Progress:
                                                     name="hpccomm-progress")
                     self._thread.start()
                     atexit.register(self.stop)  # runs before mpi4py finalizes MPI
+                self._wake = True
                 self._cond.notify()
+
+    def _prune(self) -> None:
+        """Drop the finished works from the queue (in place: other threads may append
+        meanwhile; the thread drains it under the same lock). Works waited for at once
+        would otherwise live until the thread's next round, and hundreds of them
+        outliving the garbage collector's young generations make its full collections
+        (tens of ms with torch loaded) far more frequent."""
+        incoming = self._incoming
+        with self._cond:
+            for _ in range(len(incoming)):
+                work = incoming.popleft()
+                if not work._done:
+                    incoming.append(work)
+            # many works still running: prune again only once the queue has doubled
+            self._prune_at = max(PRUNE_AT, 2 * len(incoming))
 
     def hold(self) -> None:
         """A caller starts polling MPI itself: the thread skips its rounds meanwhile."""
@@ -118,11 +147,16 @@ class Progress:
         idle_since = _monotonic()
         delay = POLL_S
         cond = self._cond
+        incoming = self._incoming
         while True:
-            incoming = self._incoming
-            while incoming:
-                active.append(incoming.popleft())
             with cond:
+                if incoming:  # works streaming in keep the thread from parking
+                    idle_since = _monotonic()
+                    while incoming:
+                        work = incoming.popleft()
+                        if not work._done:
+                            active.append(work)
+                    self._prune_at = PRUNE_AT
                 if self._stopping:
                     return
                 if not active and _monotonic() - idle_since > LINGER_S:
@@ -139,12 +173,21 @@ class Progress:
                 active = [work for work in active if not _advance(work)]
                 now = _monotonic()
                 active = [work for work in active if not work._expire(now)]
-                idle_since, delay = now, POLL_S
-            else:
+                idle_since = now
+                # close polling only for operations still running with nobody waiting;
+                # works their callers already completed (async ops waited at once) are
+                # no reason to wake again soon: each wake-up takes the GIL from them
+                delay = POLL_S if active else min(delay * 2, MAX_SLEEP_S)
+            else:  # a waiter polls MPI: only forget the works finished meanwhile
+                active = [work for work in active if not work._done]
                 delay = min(delay * 2, MAX_SLEEP_S)
             with cond:
-                if not (self._incoming or self._stopping):
+                # a work added since is picked up after the pause, like any other: only
+                # a wake-up (urgent work, stop) cuts it short. Skipping the pause for every
+                # new work would keep the thread on the GIL while async ops stream in.
+                if not (self._wake or self._stopping):
                     cond.wait(delay)
+                self._wake = False
 
 
 def _advance(work: Any) -> bool:

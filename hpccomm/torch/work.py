@@ -99,6 +99,7 @@ class PendingWork(dist.Work):
         self._lock = threading.Lock()  # held by the thread testing the MPI request
         self._done = False             # finished (completed or failed)
         self._shared = False           # the progress thread drives it too
+        self._polled = False           # a waiter polls it: the thread leaves it alone
         self._future: Optional[Future] = None
         self._settled = False
         self._start = _monotonic()
@@ -115,6 +116,8 @@ class PendingWork(dist.Work):
         try:
             if self._done:
                 return True
+            if self._polled:  # a waiter tests it and settles it
+                return False
             try:
                 finished = self._work.is_completed()  # runs the finishing step
             except BaseException:  # failed: hpccomm's Work holds the error
@@ -126,6 +129,9 @@ class PendingWork(dist.Work):
             self._settle()
         return finished
 
+    def _finished(self) -> bool:
+        return self._done
+
     def _expire(self, now: float) -> bool:
         """Fail with a timeout if the deadline has passed (progress thread); true if so."""
         if self._done or now <= self._deadline:
@@ -135,7 +141,7 @@ class PendingWork(dist.Work):
 
     def _time_out(self, waited: float, limit: Optional[float]) -> None:
         with self._lock:
-            if self._done:
+            if self._done or self._polled:  # a waiter enforces its own limit
                 return
             try:
                 self._work._timed_out(waited, limit)  # always raises, after the hooks
@@ -182,15 +188,23 @@ class PendingWork(dist.Work):
                 self._done = True
                 self._settle()
             else:
-                limit = self._work.timeout if limit is None else limit
                 runner = _progress.progress
                 runner.hold()  # this thread polls; the progress thread steps aside
                 try:
-                    waited = poll(self._advance, limit)
+                    with self._lock:  # the thread may be testing it: let that test end
+                        mine = not (self._done or self._polled)
+                        self._polled = True
+                    if mine:  # from here on only this thread tests the request
+                        try:
+                            self._work.wait(limit)
+                        except Exception:  # recorded as the work's error, raised below
+                            pass
+                        self._done = True
+                    else:  # another thread waits on it already: wait for that one
+                        poll(self._finished, None)
                 finally:
                     runner.release()
-                if waited:
-                    self._time_out(waited, limit)
+                self._settle()
         error = self._work._error
         if error is not None:
             raise for_torch(error)
