@@ -147,6 +147,20 @@ def test_complex_reaches_the_group_unsplit(torch_world, rank, size):
     close(x, sum(value(r, torch.complex64) for r in range(size)))
 
 
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_lazy_conjugate_and_negative_views_are_refused(torch_world, rank, size, view):
+    """A blocking sum of a view whose values are not its memory (a lazy conjugate or
+    negative bit) is refused on every path: summing the memory as is would be wrong
+    wherever the ranks' bits differ."""
+    x = value(rank, torch.complex64) if view == "conj" else torch.ones(3)
+    lazy = x.conj() if view == "conj" else x._neg_view()
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    with pytest.raises(ValueError, match=r"all_reduce on rank \d+/\d+ .*resolve_conj"):
+        torch_world.allreduce([lazy], opts)
+    torch_world.allreduce([lazy.resolve_conj().resolve_neg()], opts)  # the group goes on
+
+
 def test_non_contiguous_tensor_is_reduced_in_place(torch_world, rank, size):
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4) + rank
     x = base.t()  # a non-contiguous view: staged, then copied back into base

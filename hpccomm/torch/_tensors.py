@@ -50,9 +50,15 @@ REDUCIBLE = _VIEWABLE | {torch.bfloat16}
 
 def direct_types(numpy_types: Dict[np.dtype, int]) -> Dict[torch.dtype, Tuple[int, int]]:
     """torch dtype -> ``(MPI datatype handle, itemsize)`` for the NumPy dtypes in
-    ``numpy_types`` (a backend's ``direct_types``) that torch tensors view as is."""
+    ``numpy_types`` (a backend's ``direct_types``) that torch tensors view as is.
+
+    Complex dtypes are left out: a complex tensor may carry a lazy conjugate bit, and
+    summing its memory as is would be wrong wherever the ranks' bits differ (torch's
+    all_reduce hands complex tensors over as real views anyway)."""
     found = {}
     for dtype in _VIEWABLE:
+        if dtype.is_complex:
+            continue
         as_numpy = torch.empty(0, dtype=dtype).numpy().dtype
         if as_numpy in numpy_types:
             found[dtype] = (numpy_types[as_numpy], as_numpy.itemsize)
