@@ -42,10 +42,21 @@ POLLS_ALONE, POLLS_SHARED = 64, 4
 _polls_per_check = POLLS_ALONE
 
 
+_spin_yield = 0
+
+
 def set_oversubscribed(shared: bool) -> None:
     """Tell the poll loop whether this rank shares its core with other ranks."""
-    global _polls_per_check
+    global _polls_per_check, _spin_yield
     _polls_per_check = POLLS_SHARED if shared else POLLS_ALONE
+    _spin_yield = POLLS_SHARED if shared else 0
+
+
+def spin_yield_every() -> int:
+    """For a backend's own spin loop (in C): tests between two yields of the core, 0 for
+    never. Only ranks sharing cores yield: elsewhere the test calls are MPI's progress
+    (its shared-memory copies run inside them), and a syscall between them slows it."""
+    return _spin_yield
 
 
 #: Advances the backends' own pending work (shared-memory collectives of other groups)

@@ -66,3 +66,35 @@ def test_an_mpi_error_names_the_operation_rank_and_group(dist, rank, size):
                               cpu.direct_types[x.dtype], None, x, x)
     np.testing.assert_array_equal(x, np.full(4, size, np.float32))
     dist.destroy_process_group(pg)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["ranks share cores", "own cores"])
+def test_its_spin_yields_the_core_only_where_ranks_share_cores(dist, rank, size, shared):
+    """Where ranks outnumber cores a spin that never yields keeps the awaited rank off
+    its core for whole time slices (milliseconds per sum); elsewhere yields only slow
+    MPI's progress. The C spin gets the same policy as the general wait."""
+    from hpccomm import work
+
+    pg = dist.new_group(list(range(size)))
+    cpu = pg.cpu
+    passed = []
+    real = cpu._direct_sum
+
+    def spy(*args):
+        passed.append(args[-1])
+        return real(*args)
+    saved = work._polls_per_check == work.POLLS_SHARED
+    work.set_oversubscribed(shared)
+    cpu._direct_sum = spy
+    try:
+        x = np.full(1000, rank + 1.0)
+        for _ in range(20):  # long enough to reach the yield on some rank
+            x[:] = rank + 1.0
+            assert cpu.sum_in_place_at(x.ctypes.data, x.size, cpu.direct_types[x.dtype],
+                                       5.0) is None
+    finally:
+        cpu._direct_sum = real
+        work.set_oversubscribed(saved)
+    assert passed == [work.POLLS_SHARED if shared else 0] * 20
+    np.testing.assert_array_equal(x, np.full(1000, size * (size + 1) / 2))
+    dist.destroy_process_group(pg)

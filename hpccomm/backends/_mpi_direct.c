@@ -14,10 +14,14 @@
  *
  * The spin never outlasts `slice` seconds: an operation still running then is handed
  * back as its request, and the caller waits for it the general way (its deadline, its
- * errors, signals, the progress of other operations).
+ * errors, signals, the progress of other operations). Like the general wait, it yields
+ * the core (sched_yield) every `yield_every` tests: where ranks outnumber cores, a rank
+ * spinning through its time slice keeps the rank it waits for off the core (measured
+ * 4 ranks on 2 cores: 5 ms per 8-byte sum without yields, tens of us with them).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -81,15 +85,16 @@ static PyObject *request_object(const unsigned char *request)
     return PyLong_FromUnsignedLongLong(handle);
 }
 
-/* sum_in_place(address, count, datatype, op, comm, slice) -> None when the operation has
- * completed, else its request (an int) if it is still running after `slice` seconds.
+/* sum_in_place(address, count, datatype, op, comm, slice, yield_every) -> None when the
+ * operation has completed, else its request (an int) if it is still running after
+ * `slice` seconds. The spin yields the core every `yield_every` tests (0: never).
  * An MPI error raises RuntimeError(its error code) (nothing is pending then: a failed start
  * creates no request, a failed test ends it). */
 static PyObject *sum_in_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
+    if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "sum_in_place(address, count, datatype, op, comm, slice)");
+                        "sum_in_place(address, count, datatype, op, comm, slice, yield_every)");
         return NULL;
     }
     if (!mpi_iallreduce) {
@@ -102,6 +107,7 @@ static PyObject *sum_in_place(PyObject *self, PyObject *const *args, Py_ssize_t 
     uintptr_t op = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[3]);
     uintptr_t comm = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[4]);
     double slice = PyFloat_AsDouble(args[5]);
+    long yield_every = PyLong_AsLong(args[6]);
     if (PyErr_Occurred())
         return NULL;
     if (count < 0 || count > INT32_MAX) {
@@ -119,7 +125,12 @@ static PyObject *sum_in_place(PyObject *self, PyObject *const *args, Py_ssize_t 
         Py_BEGIN_ALLOW_THREADS
         double end = now() + slice;
         unsigned polls = 0;
+        long since_yield = 0;
         while ((code = mpi_test(request, &done, status)) == 0 && !done) {
+            if (yield_every > 0 && ++since_yield >= yield_every) {
+                since_yield = 0;
+                sched_yield();
+            }
             if (++polls == POLLS_PER_CLOCK) {
                 polls = 0;
                 if (now() > end)
@@ -145,7 +156,8 @@ static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(iallreduce, test, in_place, request_bytes): the MPI library to call."},
     {"sum_in_place", (PyCFunction)(void (*)(void))sum_in_place, METH_FASTCALL,
-     "sum_in_place(address, count, datatype, op, comm, slice) -> None or a request."},
+     "sum_in_place(address, count, datatype, op, comm, slice, yield_every) -> None or a "
+     "request."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -198,7 +198,7 @@ class MPICommunicator(Communicator):
         slice_s = _DIRECT_SLICE if limit is None else min(_DIRECT_SLICE, limit)
         try:
             running = self._direct_sum(address, count, datatype, _DIRECT_SUM, self._handle,
-                                       slice_s)
+                                       slice_s, _work.spin_yield_every())
         except RuntimeError as exc:
             raise mpi_direct.error(exc) from None
         if running is None:

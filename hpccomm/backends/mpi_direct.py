@@ -82,7 +82,8 @@ def sum_types(plans: Dict[np.dtype, Any]) -> Dict[np.dtype, int]:
 
 
 def function() -> Any:
-    """The C helper's ``sum_in_place(address, count, datatype, op, comm, slice)``: returns
+    """The C helper's ``sum_in_place(address, count, datatype, op, comm, slice,
+    yield_every)``: returns
     ``None`` once the operation is done, else the running request's handle (an int);
     an MPI error raises ``RuntimeError(code)`` (see :func:`error`). ``None`` when the
     direct form is unavailable."""
