@@ -66,11 +66,33 @@ def spin_yield_every() -> int:
 while_waiting: Optional[Callable[[], None]] = None
 
 
+#: Set by a backend that can wait on some of its tests in native code, without the GIL:
+#: ``spin_wait(test, seconds)`` spins up to ``seconds`` (capped by the backend) on
+#: ``test``'s operation and says whether it completed, or returns ``None`` for a test it
+#: cannot spin on. A Python loop of tests releases and takes the GIL at every test,
+#: which a thread waiting for the GIL turns into a storm of wake-ups until the
+#: interpreter forces a switch (5 ms); a native spin releases it once.
+spin_wait: Optional[Callable[[Callable[[], bool], float], Optional[bool]]] = None
+
+
 def poll(test: Callable[[], bool], limit: Optional[float]) -> float:
     """Call ``test()`` until it is true: return 0.0, or the seconds waited once ``limit``
     seconds (``None``: no limit) have passed first. Spins; never sleeps."""
     start = _monotonic()
     deadline = _INF if limit is None else start + limit
+    spin = spin_wait
+    if spin is not None and while_waiting is None:
+        done = spin(test, deadline - start)
+        if done is not None:  # the backend spins on it; the deadline is checked between
+            while not done:
+                now = _monotonic()
+                if now > deadline:
+                    return max(now - start, 1e-9)
+                if while_waiting is not None:  # other work to advance: the loop below
+                    break
+                done = spin(test, deadline - now)
+            if done:
+                return 0.0
     every = _polls_per_check
     polls = 0
     while not test():

@@ -98,3 +98,63 @@ def test_its_spin_yields_the_core_only_where_ranks_share_cores(dist, rank, size,
     assert passed == [work.POLLS_SHARED if shared else 0] * 20
     np.testing.assert_array_equal(x, np.full(1000, size * (size + 1) / 2))
     dist.destroy_process_group(pg)
+
+
+def test_waits_on_mpi_requests_spin_in_c(dist, rank, size, monkeypatch):
+    """An operation not complete at its first test is waited for by the C spin (the GIL
+    released once per wait, not per test), and completes with the right values: rank 0
+    joins late, so the others' waits must spin."""
+    import time
+
+    from hpccomm import work
+    from hpccomm.backends import mpi as mpi_backend
+
+    spun = []
+    real = work.spin_wait
+
+    def spy(test, seconds):
+        done = real(test, seconds)
+        spun.append(done)
+        return done
+    monkeypatch.setattr(work, "spin_wait", spy)
+    x = np.full(64, float(rank + 1))  # small: no gate of a large-message path either
+    if rank == 0:
+        time.sleep(0.2)
+    w = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
+    w.wait()
+    np.testing.assert_array_equal(x, np.full(64, float(size)))
+    if rank != 0 and size > 1:
+        assert spun and spun[-1] is True, "the wait did not go through the C spin"
+    assert mpi_backend._spin_wait(lambda: True, 1.0) is None  # not a request: Python loop
+
+
+def test_an_mpi_error_in_the_spin_fails_the_work(dist, rank, size, monkeypatch):
+    """An MPI error code from the C spin becomes the MPI exception of the failed Work,
+    whose error names the operation, rank and group. Rank 0 joins late, so the others'
+    waits reach the spin (where the error is injected); their requests, abandoned, still
+    complete in MPI once rank 0 has joined."""
+    import time
+
+    from hpccomm.backends import mpi as mpi_backend
+    from hpccomm.errors import DistBackendError
+
+    def failing(address, seconds, yield_every):
+        raise RuntimeError(MPI.ERR_REQUEST)
+    pg = dist.new_group(list(range(size)))
+    x = np.ones(8)
+    if rank == 0:
+        time.sleep(0.2)
+        dist.all_reduce(x, group=pg)
+    else:
+        monkeypatch.setattr(mpi_backend, "_spin_test", failing)
+        w = dist.all_reduce(x, group=pg, async_op=True)
+        with pytest.raises(DistBackendError) as caught:
+            w.wait()
+        monkeypatch.undo()
+        message = str(caught.value)
+        assert message.startswith("all_reduce") and pg.group_name in message, message
+        assert f"on rank {rank}/{size}" in message, message
+        assert isinstance(caught.value.__cause__, MPI.Exception)
+        assert caught.value.__cause__.Get_error_code() == MPI.ERR_REQUEST
+    dist.barrier()
+    dist.destroy_process_group(pg)

@@ -47,6 +47,41 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Test `request` until it completes or `slice` seconds pass, yielding the core every
+ * `yield_every` tests (0: never); called with the GIL released. Returns MPI's error code
+ * (0: *done says whether it completed). */
+static int spin(void *request, double slice, long yield_every, int *done)
+{
+    unsigned char status[STATUS_BYTES];
+    double end = now() + slice;
+    unsigned polls = 0;
+    long since_yield = 0;
+    int code;
+    while ((code = mpi_test(request, done, status)) == 0 && !*done) {
+        if (yield_every > 0 && ++since_yield >= yield_every) {
+            since_yield = 0;
+            sched_yield();
+        }
+        if (++polls == POLLS_PER_CLOCK) {
+            polls = 0;
+            if (now() > end)
+                break;
+        }
+    }
+    return code;
+}
+
+/* Raise RuntimeError(code) for an MPI error code; returns NULL. */
+static PyObject *mpi_error(int code)
+{
+    PyObject *number = PyLong_FromLong(code);
+    if (number) {
+        PyErr_SetObject(PyExc_RuntimeError, number);
+        Py_DECREF(number);
+    }
+    return NULL;
+}
+
 static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4) {
@@ -123,33 +158,49 @@ static PyObject *sum_in_place(PyObject *self, PyObject *const *args, Py_ssize_t 
         code = mpi_test(request, &done, status);
     if (code == 0 && !done) {
         Py_BEGIN_ALLOW_THREADS
-        double end = now() + slice;
-        unsigned polls = 0;
-        long since_yield = 0;
-        while ((code = mpi_test(request, &done, status)) == 0 && !done) {
-            if (yield_every > 0 && ++since_yield >= yield_every) {
-                since_yield = 0;
-                sched_yield();
-            }
-            if (++polls == POLLS_PER_CLOCK) {
-                polls = 0;
-                if (now() > end)
-                    break;
-            }
-        }
+        code = spin(request, slice, yield_every, &done);
         Py_END_ALLOW_THREADS
     }
-    if (code != 0) {
-        PyObject *number = PyLong_FromLong(code);
-        if (number) {
-            PyErr_SetObject(PyExc_RuntimeError, number);
-            Py_DECREF(number);
-        }
-        return NULL;
-    }
+    if (code != 0)
+        return mpi_error(code);
     if (done)
         Py_RETURN_NONE;
     return request_object(request);
+}
+
+/* spin_test(address, slice, yield_every) -> bool: MPI_Test the request stored at
+ * `address` (inside an mpi4py Request: MPI._addressof) with the GIL released until it
+ * completes (True; MPI sets the stored handle to MPI_REQUEST_NULL, as mpi4py's own Test
+ * does) or `slice` seconds pass (False). Yields the core every `yield_every` tests
+ * (0: never). One release of the GIL per wait, where a Python loop of Request.Test
+ * releases it per test: a thread waiting for the GIL then gets it at once, instead of
+ * being signalled at every test until the interpreter forces a switch (5 ms). */
+static PyObject *spin_test(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "spin_test(address, slice, yield_every)");
+        return NULL;
+    }
+    if (!mpi_test) {
+        PyErr_SetString(PyExc_RuntimeError, "spin_test: bind() was not called");
+        return NULL;
+    }
+    void *request = (void *)(uintptr_t)PyLong_AsUnsignedLongLongMask(args[0]);
+    double slice = PyFloat_AsDouble(args[1]);
+    long yield_every = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!request) {
+        PyErr_SetString(PyExc_ValueError, "spin_test: null request address");
+        return NULL;
+    }
+    int done = 0, code;
+    Py_BEGIN_ALLOW_THREADS
+    code = spin(request, slice, yield_every, &done);
+    Py_END_ALLOW_THREADS
+    if (code != 0)
+        return mpi_error(code);
+    return PyBool_FromLong(done);
 }
 
 static PyMethodDef methods[] = {
@@ -158,6 +209,8 @@ static PyMethodDef methods[] = {
     {"sum_in_place", (PyCFunction)(void (*)(void))sum_in_place, METH_FASTCALL,
      "sum_in_place(address, count, datatype, op, comm, slice, yield_every) -> None or a "
      "request."},
+    {"spin_test", (PyCFunction)(void (*)(void))spin_test, METH_FASTCALL,
+     "spin_test(address, slice, yield_every) -> whether the request completed."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -59,6 +59,27 @@ _INT_MAX = 2 ** 31 - 1
 _DIRECT_SUM = mpi_direct.handle(MPI.SUM)
 _DIRECT_SLICE = mpi_direct.SLICE_S
 _DIRECT_TYPES: Optional[Dict[Any, int]] = None
+_Request = MPI.Request
+_addressof = MPI._addressof
+_spin_test = mpi_direct.spin_function()
+
+
+def _spin_wait(test: Callable[[], bool], seconds: float) -> Optional[bool]:
+    """:data:`hpccomm.work.spin_wait` for this backend: a test that is an mpi4py
+    request's ``Test`` is spun on in C (up to :data:`~.mpi_direct.SLICE_S`), which
+    updates the request in place as mpi4py's ``Test`` does; ``None`` for other tests."""
+    request = getattr(test, "__self__", None)
+    if type(request) is not _Request:
+        return None
+    try:
+        return _spin_test(_addressof(request), _DIRECT_SLICE if seconds > _DIRECT_SLICE
+                          else seconds, _work.spin_yield_every())
+    except RuntimeError as exc:
+        raise mpi_direct.error(exc) from None
+
+
+if _spin_test is not None:
+    _work.spin_wait = _spin_wait
 
 #: (MPI datatype, MPI op, staging dtype or None)
 _Plan = Tuple[Any, Any, Optional[Any]]

@@ -1,4 +1,5 @@
-"""The direct form of a synchronous in-place SUM all-reduce (the C helper ``_mpi_direct``).
+"""The C helper ``_mpi_direct``: the direct form of a synchronous in-place SUM
+all-reduce, and a native spin on any mpi4py request (:func:`spin_function`).
 
 A group's hottest call, a blocking all-reduce of a contiguous CPU tensor, costs about
 2 us of Python on the general path before MPI even starts. A torch process group pays
@@ -88,6 +89,14 @@ def function() -> Any:
     an MPI error raises ``RuntimeError(code)`` (see :func:`error`). ``None`` when the
     direct form is unavailable."""
     return _helper.sum_in_place if available() else None
+
+
+def spin_function() -> Any:
+    """The C helper's ``spin_test(address, slice, yield_every)``: tests the request at
+    ``address`` (``MPI._addressof`` of an mpi4py Request) with the GIL released until it
+    completes (``True``) or ``slice`` seconds pass (``False``); an MPI error raises
+    ``RuntimeError(code)``. ``None`` when the helper is unavailable."""
+    return _helper.spin_test if available() else None
 
 
 def error(exc: RuntimeError) -> Exception:
