@@ -19,4 +19,7 @@ if [ -z "${SKIP_INIT:-}" ]; then  # SKIP_INIT=1 keeps docs/bench_init.csv (slowe
 fi
 echo "== memory ceiling, 2 ranks"; "$MPIEXEC" -n 2 "$PYTHON" benchmarks/membw.py
 echo "== memory ceiling, 4 ranks"; "$MPIEXEC" -n 4 "$PYTHON" benchmarks/membw.py
+echo "== torch backend, 2 ranks"; "$MPIEXEC" -n 2 "$PYTHON" benchmarks/torch_backend.py
+echo "== work between collectives, 2 ranks"; "$MPIEXEC" -n 2 "$PYTHON" benchmarks/footprint.py
+echo "== beside a busy Python thread, 2 ranks"; "$MPIEXEC" -n 2 "$PYTHON" benchmarks/busy_thread.py
 echo "== report";               "$PYTHON" benchmarks/report.py
