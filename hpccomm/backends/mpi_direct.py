@@ -2,19 +2,24 @@
 all-reduce, and a native spin on any mpi4py request (:func:`spin_function`).
 
 A group's hottest call, a blocking all-reduce of a contiguous CPU tensor, costs about
-2 us of Python on the general path before MPI even starts. A torch process group pays
-that on top of torch's own wrapper, which left its all_reduce 10-17% behind a raw
-mpi4py ``Allreduce`` from 256 KiB to 4 MiB on 2 ranks. The direct form takes a buffer
-address, an element count and MPI handles resolved once, starts ``MPI_Iallreduce``
-and spins ``MPI_Test`` in C with the GIL released.
+2 us of Python on the general path before MPI even starts, which a torch process group
+pays on top of torch's own wrapper. The direct form takes a buffer address, an element
+count and MPI handles resolved once, starts ``MPI_Iallreduce`` and spins ``MPI_Test``
+in C with the GIL released.
 
 It is a fast start, not a second wait: after :data:`SLICE_S` an operation still running
 comes back as an mpi4py request, which the caller waits for the general way (deadline,
-timeout errors, signals, the progress of other operations). The C helper calls the
-MPI library mpi4py loaded, through addresses found with ctypes, so one build serves
-every MPI. Without a compiled helper (no C compiler at install), or with
-``HPCCOMM_MPI_DIRECT=0``, :func:`available` is false and every call takes the general
-path.
+timeout errors, signals, the progress of other operations).
+
+The same spin serves every wait on a plain mpi4py request (the MPI backend installs it
+as :data:`hpccomm.work.spin_wait`): one release of the GIL per wait instead of one per
+test, so other Python threads run meanwhile without slowing it. Both spins yield the
+core where ranks outnumber cores (:func:`hpccomm.work.spin_yield_every`).
+
+The C helper calls the MPI library mpi4py loaded, through addresses found with ctypes,
+so one build serves every MPI. Without a compiled helper (no C compiler at install), or
+with ``HPCCOMM_MPI_DIRECT=0``, :func:`available` is false, every call takes the general
+path and waits loop over ``Request.Test`` in Python.
 """
 from __future__ import annotations
 
