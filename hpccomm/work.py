@@ -11,9 +11,11 @@ Waiting spins on ``test()`` and never sleeps: a kernel wake-up costs 50-65 us on
 machines, against ~2 us for a small all-reduce. Every few polls it checks the deadline
 and yields the core (``sched_yield``, not a sleep): rarely when each rank has a core of
 its own, often when ranks outnumber cores, so that the rank being waited for runs (see
-:func:`set_oversubscribed`). When the deadline passes, the error names the operation, its
-sequence number, the group, the ranks, sizes and dtype, and how long it waited, with
-what the observers of timeouts add (:mod:`.observe`: the roll call names absent ranks).
+:func:`set_oversubscribed`). A backend that can spin on its tests in native code, with
+the GIL released, does so instead (:data:`spin_wait`), under the same deadline. When
+the deadline passes, the error names the operation, its sequence number, the group, the
+ranks, sizes and dtype, and how long it waited, with what the observers of timeouts add
+(:mod:`.observe`: the roll call names absent ranks).
 """
 from __future__ import annotations
 
@@ -40,9 +42,7 @@ _PENDING, _DONE, _FAILED = 0, 1, 2
 #: measured 4-rank/2-core latency is best with frequent yields (and ~200x worse without).
 POLLS_ALONE, POLLS_SHARED = 64, 4
 _polls_per_check = POLLS_ALONE
-
-
-_spin_yield = 0
+_spin_yield = 0  # the same for a backend's native spin: never, or every POLLS_SHARED
 
 
 def set_oversubscribed(shared: bool) -> None:
