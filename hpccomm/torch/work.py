@@ -199,6 +199,9 @@ class PendingWork(dist.Work):
                             self._work.wait(limit)
                         except Exception:  # recorded as the work's error, raised below
                             pass
+                        except BaseException:  # interrupted: the thread takes it back
+                            self._polled = False
+                            raise
                         self._done = True
                     else:  # another thread waits on it already: wait for that one
                         poll(self._finished, None)
