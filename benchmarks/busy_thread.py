@@ -27,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpccomm import collectives, init, work
-from hpccomm.bench import measure, size_text
+from hpccomm.bench import measure, size_plot, size_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = [8, 4096, 256 * 1024]
@@ -119,25 +119,10 @@ def markdown(rows: List[Dict[str, Any]], names: List[str], meta: Dict[str, Any])
 
 def plot(rows: List[Dict[str, Any]], names: List[str], meta: Dict[str, Any],
          path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes = [r["bytes"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name in names:
-        ax.loglog(sizes, [r[f"{name} us"] for r in rows],
-                  "--" if "Python loop" in name else "-o", label=name, markersize=4)
-    ax.set_xticks(sizes, [size_text(s) for s in sizes])
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.set_xlabel("all_reduce size")
-    ax.set_ylabel("µs per call (median)")
-    ax.set_title(f"Beside a busy Python thread, {meta['ranks']} ranks")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    size_plot(path, [r["bytes"] for r in rows],
+              {name: [r[f"{name} us"] for r in rows] for name in names},
+              "µs per call (median)", f"Beside a busy Python thread, {meta['ranks']} ranks",
+              dashed=lambda name: "Python loop" in name, log_y=True)
 
 
 if __name__ == "__main__":

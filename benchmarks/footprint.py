@@ -12,8 +12,8 @@ variant's extra time per call over the bare loop and that extra divided by the w
 own time: 1.0 when the work costs only itself.
 
 Why it matters: from about 1 MiB the bare loop's buffers and MPI's shared-memory cells
-nearly fill a core's cache, and anything that evicts part of them costs several times
-its own time in the next collective. A tight loop of raw calls is the one program that
+nearly fill a core's cache, and work that evicts part of them costs several times its
+own time in the next collective (a spin that touches no memory costs far less). A tight loop of raw calls is the one program that
 touches nothing between them; a framework's wrapper, or any real program, does. Outputs
 ``docs/bench_footprint_n{N}.csv``, ``.md`` and ``.png``.
 """
@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List
 import numpy as np
 from mpi4py import MPI
 
-from hpccomm.bench import measure, size_text
+from hpccomm.bench import measure, size_plot, size_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB, MiB = 1024, 1024 * 1024
@@ -126,26 +126,11 @@ def markdown(rows: List[Dict[str, Any]], names: List[str], meta: Dict[str, Any])
 
 def plot(rows: List[Dict[str, Any]], names: List[str], meta: Dict[str, Any],
          path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes = [r["bytes"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name in names:
-        ax.semilogx(sizes, [r[f"{name} extra_per_own"] for r in rows],
-                    "--" if name.startswith("spin") else "-o", label=name, markersize=4)
-    ax.axhline(1.0, color="grey", linestyle=":")
-    ax.set_xticks(sizes, [size_text(s) for s in sizes])
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.set_xlabel("all_reduce size")
-    ax.set_ylabel("extra time per call / the work's own time")
-    ax.set_title(f"Work between raw mpi4py Allreduce calls, {meta['ranks']} ranks")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    size_plot(path, [r["bytes"] for r in rows],
+              {name: [r[f"{name} extra_per_own"] for r in rows] for name in names},
+              "extra time per call / the work's own time",
+              f"Work between raw mpi4py Allreduce calls, {meta['ranks']} ranks",
+              dashed=lambda name: name.startswith("spin"), reference=1.0)
 
 
 if __name__ == "__main__":

@@ -304,6 +304,37 @@ def size_text(n: int) -> str:
     return f"{n} B"
 
 
+def size_plot(path: str, sizes: Sequence[int], series: Dict[str, Sequence[float]],
+              ylabel: str, title: str, dashed: Callable[[str], bool],
+              log_y: bool = False, reference: Optional[float] = None) -> None:
+    """Save a plot of one line per series over message sizes (ticks named by
+    :func:`size_text`); ``dashed(name)`` picks a series' style, ``reference`` draws a
+    horizontal dotted line. Needs matplotlib (imported here, not at module import)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, values in series.items():
+        ax.plot(sizes, values, "--" if dashed(name) else "-o", label=name, markersize=4)
+    ax.set_xscale("log")
+    if log_y:
+        ax.set_yscale("log")
+    if reference is not None:
+        ax.axhline(reference, color="grey", linestyle=":")
+    ax.set_xticks(list(sizes), [size_text(s) for s in sizes])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("all_reduce size")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def parse_size(text: str) -> int:
     """``"8"``, ``"4K"``, ``"2M"`` / ``"2MiB"``, ``"1G"`` -> bytes."""
     text = text.strip().upper().removesuffix("IB").removesuffix("B")
