@@ -215,12 +215,14 @@ class ProcessGroupHPC(dist.ProcessGroup):
 
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        op = None  # torch's ReduceOp, read once (each pybind11 read builds a copy)
         if opts is not None and not opts.asyncOp and len(tensors) == 1:
             t = tensors[0]  # the hottest call: a blocking in-place sum, in direct form
             direct = self._direct.get(t.dtype)
+            op = opts.reduceOp
             try:
                 fits = (direct is not None and t.is_cpu and t.is_contiguous()
-                        and not t.is_neg() and opts.reduceOp == _TORCH_SUM)
+                        and not t.is_neg() and op == _TORCH_SUM)
             except RuntimeError:  # a sparse or other non-strided tensor: the general way
                 fits = False
             if fits:
@@ -246,8 +248,8 @@ class ProcessGroupHPC(dist.ProcessGroup):
                 arr, back = _output(_tensors.reducible(t))
             except _tensors.Unsupported as exc:
                 raise self._host.error("all_reduce", str(exc)) from None
-        comm, arr, kind, factor = _call.reduce_operand(self._host, "all_reduce", arr,
-                                                       _reduce_op(opts.reduceOp))
+        comm, arr, kind, factor = _call.reduce_operand(
+            self._host, "all_reduce", arr, _reduce_op(opts.reduceOp if op is None else op))
         return self._run("all_reduce", comm.all_reduce, (arr, kind, factor), arr, opts,
                          tensors, back)
 
