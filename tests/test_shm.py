@@ -157,6 +157,8 @@ def test_default_thresholds_keep_small_messages_and_broadcast_on_mpi(dist, size)
     defaults = dict(shm.DEFAULT_MIN_BYTES)
     if shm._crowded(size):
         defaults.update(shm.CROWDED_MIN_BYTES)
+    elif size == 2 and shm.pair_run is not None:
+        defaults.update(shm.KERNEL_MIN_BYTES)
     assert (cpu.min_reduce, cpu.min_scatter, cpu.min_gather, cpu.min_bcast) == tuple(
         defaults[op] for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"))
     before = cpu.ops

@@ -31,6 +31,7 @@ Settings, read when a group is created:
 from __future__ import annotations
 
 import collections
+import ctypes
 import math
 import os
 import warnings
@@ -45,8 +46,9 @@ from .. import work as _work
 from ..work import Started
 from . import mpi as _mpi_backend
 from .mpi import MPICommunicator
-from . import shm_cma, shm_segment
-from .shm_algorithms import AllGather, AllReduce, Broadcast, Collective, ReduceScatter
+from . import shm_cma, shm_pair, shm_segment
+from .shm_algorithms import (AllGather, AllReduce, Broadcast, Collective, ReduceScatter,
+                             chunks, descriptor, pair_run, tag_of)
 from .shm_reduce import Reducer
 from .shm_segment import Segment, rendezvous
 
@@ -55,7 +57,7 @@ MIN_BYTES_ENV = "HPCCOMM_SHM_MIN_BYTES"
 CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
 
 #: Smallest message (bytes) per operation that goes through shared memory by default,
-#: from the interleaved runs in docs/performance.md: all_reduce is faster than MPI from
+#: from the interleaved runs in docs/performance.md: all_reduce in NumPy steps is faster than MPI from
 #: 16 MiB (1.3-1.4x; 1.8-2.3x at 64 MiB) and at parity or below between 256 KiB and
 #: 4 MiB, so it starts at 8 MiB; reduce_scatter is faster from 256 KiB when every rank
 #: has a core (1.1-2.1x at 2 ranks) but only from 16 MiB when ranks share cores (0.5-1.0x
@@ -67,6 +69,12 @@ DEFAULT_MIN_BYTES = {"all_reduce": 8 * 1024 * 1024, "reduce_scatter": 256 * 1024
                      "all_gather": NEVER, "broadcast": NEVER}
 #: The defaults that differ when the node runs more ranks than it has CPUs.
 CROWDED_MIN_BYTES = {"reduce_scatter": 8 * 1024 * 1024}
+#: The defaults that differ at two ranks, each with a CPU, where the C kernel runs sums
+#: (:mod:`.shm_pair`): all_reduce through shared memory from 256 KiB, where the NumPy
+#: path measured 1.08x mpi4py at 256 KiB, 1.15-1.25x at 512 KiB-2 MiB and 1.07x at
+#: 8 MiB. (A synchronous torch sum, in the kernel's direct form, wins from 16 KiB; both
+#: forms of one operation must take the same path, so the slower one sets the start.)
+KERNEL_MIN_BYTES = {"all_reduce": 256 * 1024}
 #: Bytes of one ring slot per rank at two ranks; a slot holds one piece per rank, and
 #: pieces stay at least :data:`MIN_PIECE` bytes at larger groups.
 DEFAULT_CHUNK = 512 * 1024
@@ -117,14 +125,17 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     fits = (enabled() and node.Get_size() == comm.Get_size() and shm_segment.available()
             and shm_segment.space_ok(need))
     if node.allreduce(fits, op=MPI.LAND):
+        kernel = node.allreduce(pair_run is not None, op=MPI.LAND)  # used by all or none
         forced = _env_int(MIN_BYTES_ENV, 0)
         defaults = dict(DEFAULT_MIN_BYTES)
         if _crowded(node.Get_size()):
             defaults.update(CROWDED_MIN_BYTES)
+        elif kernel and node.Get_size() == 2:
+            defaults.update(KERNEL_MIN_BYTES)
         thresholds = {op: forced or default for op, default in defaults.items()}
         piece, min_bytes = node.bcast((piece, thresholds))
         try:
-            return SharedMemoryCommunicator(comm, timeout, node, piece, min_bytes)
+            return SharedMemoryCommunicator(comm, timeout, node, piece, min_bytes, kernel)
         except OSError:  # every rank gets it (the segment checks with all of them)
             pass
     node.Free()
@@ -162,11 +173,10 @@ class SharedMemoryCommunicator(MPICommunicator):
     """An MPI communicator whose large collectives run through shared memory."""
 
     def __init__(self, comm: Any, timeout: Optional[float], node: Any, piece_bytes: int,
-                 min_bytes: Dict[str, int]):
+                 min_bytes: Dict[str, int], kernel: bool = False):
         super().__init__(comm, timeout)
         self.node = node
         self.min_reduce = max(1, min_bytes["all_reduce"])
-        self.direct_below = min(self.direct_below, self.min_reduce)
         self.min_scatter = max(1, min_bytes["reduce_scatter"])
         self.min_gather = max(1, min_bytes["all_gather"])
         self.min_bcast = max(1, min_bytes["broadcast"])
@@ -175,6 +185,18 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.slots = SLOTS
         self.ring = Segment(node, self.slots * self.slot_bytes)
         self.words, self.regions = self.ring.words, self.ring.regions
+        #: The fixed arguments of the pair kernel (:mod:`.shm_pair`) at two ranks, else None.
+        self.pair_args = (shm_pair.communicator_args(self.rank, self.slots, self.slot_bytes,
+                                                     self.regions, self.words)
+                          if self.size == 2 and kernel else None)
+        #: MPI datatype handle -> (dtype, kernel kind, reals per element): the dtypes of
+        #: the direct form at or above ``min_reduce`` (:meth:`sum_in_place_at`).
+        self.kernel_types: Dict[int, tuple] = {}
+        if self.pair_args is not None and self.direct_below >= self.min_reduce:
+            for dtype, handle in self.direct_types.items():
+                kind = shm_pair.kind_of(np.dtype(dtype))
+                if kind is not None:
+                    self.kernel_types[handle] = (np.dtype(dtype),) + kind
         self.fenced = self.ring.fenced
         self.fence = self.ring.fence if self.fenced else _nothing
         self.user_segments: List[Optional[Segment]] = [None]  # index 0: none
@@ -187,6 +209,8 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.queue: "collections.deque[Collective]" = collections.deque()
         self.failed: Optional[BaseException] = None
         self._reducers: Dict[Any, Reducer] = {}
+        if not self.kernel_types:  # no direct form through shared memory: MPI's below it
+            self.direct_below = min(self.direct_below, self.min_reduce)
 
     # -- the engine -------------------------------------------------------------------
     def _start(self, op: Collective) -> Started:
@@ -199,12 +223,16 @@ class SharedMemoryCommunicator(MPICommunicator):
             _work.while_waiting = _progress_all
 
         node = self.node
+        waits_in_c = getattr(op, "kernel", None) is not None  # pair mode's C kernel
 
         def test() -> bool:
             if not op.done:
                 _progress_all()
                 if op.error is not None:
                     raise op.error
+                if not op.done and waits_in_c and self.queue[0] is op and len(_busy) == 1:
+                    op.wait_pair(shm_pair.SLICE_S, _work.spin_yield_every())
+                    _progress_all()
                 if not op.done:
                     op.idle += 1
                     if not op.idle & 15:  # let MPI progress other groups' requests that
@@ -270,8 +298,53 @@ class SharedMemoryCommunicator(MPICommunicator):
         if buf.nbytes < self.min_reduce:
             return MPICommunicator.all_reduce(self, buf, kind, factor)
         flat = buf.reshape(-1)
-        return self._start(AllReduce(self, flat, self._reducer(buf.dtype, kind, factor),
-                                     self._shared(flat)))
+        reducer = self._reducer(buf.dtype, kind, factor)
+        kernel = None
+        if self.pair_args is not None and kind is RedOpType.SUM and reducer.simple:
+            found = shm_pair.kind_of(flat.dtype)
+            if found is not None and chunks(flat.size, 2, AllReduce.kernel_chunk(
+                    flat.itemsize, self.piece_bytes)) < shm_pair.MAX_CHUNKS:
+                kernel = found[0], flat.size * found[1]
+        return self._start(AllReduce(self, flat, reducer, self._shared(flat), kernel))
+
+    def sum_in_place_at(self, address: int, count: int, datatype: int,
+                        limit: Optional[float]) -> Optional[Started]:
+        """The direct form of a synchronous in-place SUM all-reduce: MPI's below
+        ``min_reduce``, the pair kernel's (:mod:`.shm_pair`) from there, which publishes
+        the descriptor, runs the chunks and waits up to its slice in C. ``None`` once
+        done, else the ``(test, finish, keep)`` of the operation handed back to the
+        state machine (see :meth:`MPICommunicator.sum_in_place_at`)."""
+        found = self.kernel_types.get(datatype)
+        if found is None or count * found[0].itemsize < self.min_reduce:
+            return MPICommunicator.sum_in_place_at(self, address, count, datatype, limit)
+        if self.failed is not None or self.queue:
+            raise DistBackendError(f"an earlier shared-memory operation of this group "
+                                   f"failed ({self.failed}); the group is unusable"
+                                   if self.failed is not None else
+                                   "shared-memory operations of this group are pending")
+        dtype, code, reals = found
+        nbytes = count * dtype.itemsize
+        per_chunk = AllReduce.kernel_chunk(dtype.itemsize, self.piece_bytes)
+        nch = chunks(count, 2, per_chunk)
+        if nch >= shm_pair.MAX_CHUNKS:  # the state machine alone, as all_reduce does
+            return self.all_reduce(_at(address, nbytes, dtype), RedOpType.SUM, None)
+        k0, seq = self.chunks, self.ops + 1
+        self.chunks, self.ops = k0 + nch, seq
+        slice_s = shm_pair.SLICE_S if limit is None else min(shm_pair.SLICE_S, limit)
+        result = pair_run(address, count * reals, code, per_chunk * reals,
+                          -(-count // 2) * reals, nch, k0,
+                          descriptor(seq, tag_of(AllReduce.code, nbytes, dtype)), 0, 0, 0,
+                          slice_s, _work.spin_yield_every(), *self.pair_args)
+        if result >= 0 and shm_pair.unpack(result)[2] == nch:
+            return None
+        # still running: the state machine takes it over where the kernel left it
+        op = AllReduce(self, _at(address, nbytes, dtype),
+                       self._reducer(dtype, RedOpType.SUM, None), None, (code, count * reals),
+                       (k0, seq))
+        op.begun = True
+        if result >= 0:
+            op.r, op.s, op.g = shm_pair.unpack(result)
+        return self._start(op)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
                        factor: Any, counts: Optional[Sequence[int]]) -> Started:
@@ -330,6 +403,11 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.user_segments, self.words, self.regions = [None], [], []
         if not MPI.Is_finalized():
             self.node.Free()
+
+
+def _at(address: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
+    """A NumPy view of ``nbytes`` bytes of memory at ``address`` that the caller keeps."""
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype)
 
 
 def _nothing() -> None:

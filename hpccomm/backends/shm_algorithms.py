@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import DistBackendError
 from . import shm_cma as cma
+from . import shm_pair
 from .shm_reduce import Reducer
 from .shm_segment import CONSUMED, ENTER, OFFSET, REDUCED, SEGMENT, STAGED
 
@@ -46,6 +47,19 @@ _TAG_BITS = 20
 _TAG_MASK = (1 << _TAG_BITS) - 1
 _ZC_BIT = 1 << _TAG_BITS
 _SEQ_SHIFT = _TAG_BITS + 1
+#: The C kernel of pair mode (:mod:`.shm_pair`), or None.
+pair_run = shm_pair.load(STAGED, REDUCED, CONSUMED, ENTER, _SEQ_SHIFT, _TAG_MASK, LOOKAHEAD)
+
+
+def tag_of(code: int, total_bytes: int, dtype: Any) -> int:
+    """The descriptor's tag of an operation: its kind, size and dtype, which every rank
+    must agree on."""
+    return (code * 0x9E37 ^ total_bytes * 31 ^ dtype.num) & _TAG_MASK
+
+
+def descriptor(seq: int, tag: int) -> int:
+    """The ``ENTER`` word of a rank that stages its buffer for operation ``seq``."""
+    return (seq << _SEQ_SHIFT) | tag
 
 
 def split(total: int, parts: int) -> List[int]:
@@ -55,6 +69,13 @@ def split(total: int, parts: int) -> List[int]:
     for part in range(parts):
         bounds.append(bounds[-1] + base + (1 if part < extra else 0))
     return bounds
+
+
+def chunks(total: int, parts: int, per_chunk: int) -> int:
+    """Chunks of an operation on ``total`` elements split in ``parts`` near-equal parts,
+    ``per_chunk`` elements of a part per chunk (the widest part decides)."""
+    widest = -(-total // parts)
+    return -(-widest // per_chunk)
 
 
 def bounds_of(counts: Sequence[int]) -> List[int]:
@@ -72,7 +93,7 @@ class Collective:
     code = 0
 
     def __init__(self, ctx: Any, name: str, dtype: Any, total_bytes: int, nch: int,
-                 shared: Optional[tuple]):
+                 shared: Optional[tuple], numbered: Optional[tuple] = None):
         self.ctx = ctx
         self.name = name
         self.dtype = dtype
@@ -80,11 +101,12 @@ class Collective:
         self.me = ctx.rank
         self.peers = [p for p in range(ctx.size) if p != ctx.rank]
         self.nch = nch
-        self.k0 = ctx.chunks
-        ctx.chunks += nch
-        ctx.ops += 1
-        self.seq = ctx.ops
-        self.tag = (self.code * 0x9E37 ^ total_bytes * 31 ^ dtype.num) & _TAG_MASK
+        if numbered is None:  # number it: its first chunk and its sequence number
+            numbered = ctx.chunks, ctx.ops + 1
+            ctx.chunks += nch
+            ctx.ops += 1
+        self.k0, self.seq = numbered  # else numbered (and maybe begun) by a direct form
+        self.tag = tag_of(self.code, total_bytes, dtype)
         self.shared = shared  # (segment index, byte offset) of my buffer, or None
         self.sources: Optional[List[Any]] = None  # per rank: None (staged) or a byte view
         self.fenced = ctx.fenced
@@ -98,7 +120,7 @@ class Collective:
         """Publish this rank's descriptor (the previous operation is complete)."""
         ctx = self.ctx
         mine = ctx.words[self.me]
-        value = (self.seq << _SEQ_SHIFT) | self.tag
+        value = descriptor(self.seq, self.tag)
         if self.shared is not None:
             mine[SEGMENT], mine[OFFSET] = self.shared
             value |= _ZC_BIT
@@ -205,12 +227,15 @@ class Collective:
 
 
 class AllReduce(Collective):
-    """all_reduce of ``flat`` in place, in one of two ways chosen once every rank has
+    """all_reduce of ``flat`` in place, in one of three ways chosen once every rank has
     published its descriptor (so all ranks choose alike):
 
     * reduce-scatter + all-gather per chunk (any group size, and always when every
       rank's buffer is shared: then nothing is staged);
-    * at two ranks with a private buffer somewhere, *pair*: each rank stages its whole
+    * at two ranks with a private buffer somewhere, for the sums the C kernel takes
+      (``kernel``, agreed by every rank of the communicator): the kernel's staged
+      reduce-scatter + all-gather (:mod:`.shm_pair`), run by one call per test;
+    * otherwise at two ranks, *pair*: each rank stages its whole
       chunk and adds the peer's copy into its own, so a chunk waits on one counter
       instead of two and takes two NumPy calls instead of four. Both ranks combine in
       rank order, so both get the same bits. Measured faster here than reading the
@@ -218,25 +243,35 @@ class AllReduce(Collective):
       1.1x against 1.0x at 4 MiB, even at 16 MiB), whose system calls and extra
       handshakes cost more than the copy they save.
 
-    Both use the same chunk numbering (``nch`` is fixed before the choice).
+    All use the same chunk numbering (``nch`` is fixed before the choice; operations
+    the kernel may run count chunks of its own size).
     """
 
     code = 1
 
     def __init__(self, ctx: Any, flat: np.ndarray, reducer: Reducer,
-                 shared: Optional[tuple]):
+                 shared: Optional[tuple], kernel: Optional[tuple] = None,
+                 numbered: Optional[tuple] = None):
         size = ctx.size
         self.flat = flat
         self.reducer = reducer
+        #: (kind, reals) for the C kernel at two ranks (:mod:`.shm_pair`), else None.
+        self.kernel = kernel if pair_run is not None else None
+        self.kernel_args: Optional[tuple] = None
         self.bounds = split(flat.size, size)
-        self.ce = max(1, ctx.piece_bytes // flat.itemsize)
-        widest = self.bounds[1] - self.bounds[0]
-        super().__init__(ctx, "all_reduce", flat.dtype, flat.nbytes, -(-widest // self.ce),
-                         shared)
+        self.ce = (self.kernel_chunk(flat.itemsize, ctx.piece_bytes) if self.kernel
+                   else max(1, ctx.piece_bytes // flat.itemsize))
+        super().__init__(ctx, "all_reduce", flat.dtype, flat.nbytes,
+                         chunks(flat.size, size, self.ce), shared, numbered)
         self.pair = False
         self.s = 0  # chunks staged
         self.r = 0  # chunks of my part reduced
         self.g = 0  # chunks gathered
+
+    @staticmethod
+    def kernel_chunk(itemsize: int, piece_bytes: int) -> int:
+        """Elements of a half per chunk when the C kernel runs the operation."""
+        return max(1, min(piece_bytes, shm_pair.PIECE_BYTES) // itemsize)
 
     def span(self, part: int, k: int) -> "tuple[int, int]":
         lo = self.bounds[part] + k * self.ce
@@ -259,7 +294,13 @@ class AllReduce(Collective):
             self.pair = True
             self.shared = None  # staged like the peer's: nobody reads this buffer in place
             self.sources = [None, None]
-            self.ce = -(-self.flat.size // self.nch) if self.nch else 1
+            if self.kernel is not None:
+                code, count = self.kernel
+                reals = count // self.flat.size  # complex: two reals per element
+                self.kernel_args = (self.flat.ctypes.data, count, code, self.ce * reals,
+                                    self.bounds[1] * reals, self.nch, self.k0, 0)
+            else:
+                self.ce = -(-self.flat.size // self.nch) if self.nch else 1
         elif self.shared is not None:
             self.s = self.nch
         return True
@@ -323,7 +364,20 @@ class AllReduce(Collective):
                 else:
                     self.copy_from(flat[lo:hi], peer, lo, hi)
 
+    def wait_pair(self, slice_s: float, yield_every: int) -> None:
+        """Wait in C, up to ``slice_s`` seconds, for the kernel's remaining steps (the
+        caller's next ``step()`` completes the operation)."""
+        args = self.kernel_args
+        if args is not None and self.g < self.nch:
+            self.r, self.s, self.g = shm_pair.unpack(pair_run(
+                *args, self.r, self.s, self.g, slice_s, yield_every, *self.ctx.pair_args))
+
     def advance_pair(self) -> bool:
+        args = self.kernel_args
+        if args is not None:
+            self.r, self.s, self.g = shm_pair.unpack(pair_run(
+                *args, self.r, self.s, self.g, 0.0, 0, *self.ctx.pair_args))
+            return self.g == self.nch
         ctx = self.ctx
         nch, k0, ce, flat = self.nch, self.k0, self.ce, self.flat
         size = flat.size

@@ -1,0 +1,347 @@
+/* The shared-memory all-reduce of a two-rank group, in C.
+ *
+ * A reduce-scatter then an all-gather, pipelined per chunk through the communicator's
+ * ring (shm_segment): rank 0 reduces the first half of the buffer, rank 1 the second,
+ * each adds the other's staged copy of its half and both copy the other's sums back.
+ *
+ * The Python state machine (shm_algorithms) spends several microseconds of interpreter
+ * work per chunk step and about ten more per operation (descriptor, resolve, Work); at
+ * 16 KiB-4 MiB that is what separated the shared-memory path from MPI. `run` does it
+ * all in one call: it can publish the operation's descriptor and resolve the peer's,
+ * does every chunk step whose inputs are ready and, given a time slice, waits for the
+ * peer's counters itself with the GIL released. An operation unfinished after its
+ * slice goes back to the state machine with its progress, which goes on calling `run`
+ * between the checks of its wait (deadline, other groups' operations, MPI progress).
+ *
+ * Counters are read with acquire and written with release ordering, so data written
+ * before a counter is seen by the reader of that counter on every architecture (on
+ * x86-64 these are plain loads and stores). The word layout
+ * and the descriptor's bit fields come from Python once (`configure`).
+ *
+ * The sums are exactly NumPy's: IEEE additions of two operands of the array's own type,
+ * integers wrapping (computed unsigned, which C defines as wrapping).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+/* Element kinds the kernel sums (the Python side maps dtypes to them). */
+enum { KIND_F32 = 1, KIND_F64 = 2, KIND_U8 = 3, KIND_U16 = 4, KIND_U32 = 5, KIND_U64 = 6 };
+
+/* Set by configure(): word positions in a rank's control block (shm_segment), the
+ * descriptor's fields (shm_algorithms) and how far staging runs ahead. */
+static long staged_at = -1, reduced_at, consumed_at, enter_at, seq_shift, lookahead;
+static int64_t tag_mask;
+
+/* What run() returns instead of r << 32 | s before the peer has resolved. */
+#define PEER_ABSENT -1    /* the peer has not entered this operation yet */
+#define PEER_MISMATCH -2  /* the peer entered it with another kind, dtype or size */
+/* Bits of each of r, s and g in run()'s result (chunks per operation stay below). */
+#define FIELD_BITS 21
+
+#define POLLS_PER_CLOCK 64
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define SUM_LOOP(T)                                                                    \
+    do {                                                                               \
+        T *restrict o = (T *)own;                                                      \
+        const T *restrict b = (const T *)other;                                        \
+        if (own_first)                                                                 \
+            for (size_t i = 0; i < n; i++)                                             \
+                o[i] = (T)(o[i] + b[i]);                                               \
+        else                                                                           \
+            for (size_t i = 0; i < n; i++)                                             \
+                o[i] = (T)(b[i] + o[i]);                                               \
+    } while (0)
+
+/* own[i] = own[i] + other[i] (own_first) or other[i] + own[i]: the peer's operand second
+ * on rank 0 and first on rank 1, so that both ranks add in rank order. */
+static void add(int kind, void *own, const void *other, size_t n, int own_first)
+{
+    switch (kind) {
+    case KIND_F32: SUM_LOOP(float); break;
+    case KIND_F64: SUM_LOOP(double); break;
+    case KIND_U8: SUM_LOOP(uint8_t); break;
+    case KIND_U16: SUM_LOOP(uint16_t); break;
+    case KIND_U32: SUM_LOOP(uint32_t); break;
+    case KIND_U64: SUM_LOOP(uint64_t); break;
+    }
+}
+
+static size_t item_size(int kind)
+{
+    switch (kind) {
+    case KIND_F32: case KIND_U32: return 4;
+    case KIND_F64: case KIND_U64: return 8;
+    case KIND_U16: return 2;
+    case KIND_U8: return 1;
+    }
+    return 0;
+}
+
+/* One pair all-reduce as the Python side describes it. */
+typedef struct {
+    char *own;            /* this rank's buffer */
+    long long size;       /* elements */
+    int kind;
+    int first;            /* this rank is rank 0 of the pair */
+    long long ce;         /* elements of a half per chunk */
+    long long half;       /* elements of rank 0's half (rank q reduces half q) */
+    long long nch;        /* chunks */
+    long long k0;         /* the communicator's number of this operation's chunk 0 */
+    long long slots;      /* ring slots */
+    long long slot_bytes; /* bytes of one ring slot */
+    char *mine;           /* this rank's ring (data after its control block) */
+    const char *theirs;   /* the peer's ring */
+    int64_t *my_words;    /* this rank's counters */
+    const int64_t *peer_words;
+} pair_t;
+
+/* Progress through one operation: chunks reduced, staged and (halves) gathered. */
+typedef struct {
+    long long r, s, g;
+} progress_t;
+
+/* Elements [lo, hi) of chunk k of `part` (0: rank 0's half, 1: rank 1's). */
+static void half_span(const pair_t *p, int part, long long k, long long *lo, long long *hi)
+{
+    long long start = part ? p->half : 0, end = part ? p->size : p->half;
+    *lo = start + k * p->ce;
+    *hi = *lo + p->ce;
+    if (*hi > end)
+        *hi = end;
+    if (*lo > *hi)
+        *lo = *hi;
+}
+
+/* Do every step whose inputs are ready; returns whether any was done. Rank q reduces
+ * half q. Per chunk k, a rank stages its chunk k of the peer's half into piece 0 of its
+ * ring slot (STAGED), adds the peer's staged piece into its own half (in rank order)
+ * and writes the sum both into its buffer and into piece 1 of its slot (REDUCED), and
+ * copies the peer's sum from the peer's piece 1 into its buffer once it has reduced
+ * that chunk itself (CONSUMED: both pieces of the peer's slot are read, so the peer may
+ * reuse it `slots` chunks later). Staging runs at most `lookahead` chunks ahead. */
+static int advance(const pair_t *p, progress_t *at)
+{
+    long long r = at->r, s = at->s, g = at->g;
+    size_t item = item_size(p->kind);
+    int me = p->first ? 0 : 1, moved = 0;
+    long long piece = p->slot_bytes / 2;
+    for (;;) {
+        int step = 0;
+        long long lo, hi;
+        if (g < r && __atomic_load_n(&p->peer_words[reduced_at], __ATOMIC_ACQUIRE) > p->k0 + g) {
+            half_span(p, 1 - me, g, &lo, &hi);
+            if (hi > lo)
+                memcpy(p->own + lo * item,
+                       p->theirs + ((p->k0 + g) % p->slots) * p->slot_bytes + piece,
+                       (size_t)(hi - lo) * item);
+            g++;
+            __atomic_store_n(&p->my_words[consumed_at], p->k0 + g, __ATOMIC_RELEASE);
+            step = 1;
+        }
+        if (r < s && __atomic_load_n(&p->peer_words[staged_at], __ATOMIC_ACQUIRE) > p->k0 + r) {
+            half_span(p, me, r, &lo, &hi);
+            if (hi > lo) {
+                char *own = p->own + lo * item;
+                long long slot = ((p->k0 + r) % p->slots) * p->slot_bytes;
+                add(p->kind, own, p->theirs + slot, (size_t)(hi - lo), p->first);
+                memcpy(p->mine + slot + piece, own, (size_t)(hi - lo) * item);
+            }
+            r++;
+            __atomic_store_n(&p->my_words[reduced_at], p->k0 + r, __ATOMIC_RELEASE);
+            step = 1;
+        }
+        if (s < p->nch && s < g + lookahead &&
+            __atomic_load_n(&p->peer_words[consumed_at], __ATOMIC_ACQUIRE) > p->k0 + s - p->slots) {
+            half_span(p, 1 - me, s, &lo, &hi);
+            if (hi > lo)
+                memcpy(p->mine + ((p->k0 + s) % p->slots) * p->slot_bytes, p->own + lo * item,
+                       (size_t)(hi - lo) * item);
+            s++;
+            __atomic_store_n(&p->my_words[staged_at], p->k0 + s, __ATOMIC_RELEASE);
+            step = 1;
+        }
+        if (!step)
+            break;
+        moved = 1;
+    }
+    at->r = r;
+    at->s = s;
+    at->g = g;
+    return moved;
+}
+
+static int finished(const pair_t *p, const progress_t *at)
+{
+    return at->g == p->nch;  /* g <= r */
+}
+
+static void *address_of(PyObject *value)
+{
+    return (void *)(uintptr_t)PyLong_AsUnsignedLongLongMask(value);
+}
+
+/* 1 once the peer has entered operation `seq` (or a later one, done with this one),
+ * 0 while it has not, -1 if it entered `seq` with another
+ * tag. */
+static int peer_entered(const pair_t *p, int64_t seq, int64_t tag)
+{
+    int64_t value = __atomic_load_n(&p->peer_words[enter_at], __ATOMIC_ACQUIRE);
+    int64_t entered = value >> seq_shift;
+    if (entered < seq)
+        return 0;
+    if (entered == seq && (value & tag_mask) != tag)
+        return -1;
+    return 1;
+}
+
+/* configure(staged, reduced, consumed, enter, seq_shift, tag_mask, lookahead) */
+static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "configure(staged, reduced, consumed, enter, "
+                                         "seq_shift, tag_mask, lookahead)");
+        return NULL;
+    }
+    long staged = PyLong_AsLong(args[0]), reduced = PyLong_AsLong(args[1]);
+    long consumed = PyLong_AsLong(args[2]), enter = PyLong_AsLong(args[3]);
+    long shift = PyLong_AsLong(args[4]);
+    int64_t mask = PyLong_AsLongLong(args[5]);
+    long ahead = PyLong_AsLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (staged < 0 || reduced < 0 || consumed < 0 || enter < 0 || shift <= 0 ||
+        shift > 62 || ahead < 1) {
+        PyErr_SetString(PyExc_ValueError, "configure: impossible layout");
+        return NULL;
+    }
+    staged_at = staged;
+    reduced_at = reduced;
+    consumed_at = consumed;
+    enter_at = enter;
+    seq_shift = shift;
+    tag_mask = mask;
+    lookahead = ahead;
+    Py_RETURN_NONE;
+}
+
+/* run(own, count, kind, ce, half, nch, k0, enter, r, s, g, slice, yield_every,
+ *     first, slots, slot_bytes, mine, theirs, my_words, peer_words) -> int
+ *
+ * One all-reduce of `count` elements of `kind` at `own` over the pair (rank 0 reduces
+ * elements [0, half), rank 1 the rest), from chunk state (r, s, g). With `enter` != 0 the operation has not begun: publish `enter` as
+ * this rank's descriptor and wait for the peer's first. Does every step that is ready;
+ * with `slice` > 0 also waits for the peer (GIL released) until the operation is done or
+ * `slice` seconds pass, yielding the core every `yield_every` idle polls (0: never).
+ * Returns r << 42 | s << 21 | g (done when r == g == nch), or PEER_ABSENT /
+ * PEER_MISMATCH. */
+static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 20) {
+        PyErr_SetString(PyExc_TypeError, "run() takes 20 arguments");
+        return NULL;
+    }
+    if (staged_at < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "run: configure() was not called");
+        return NULL;
+    }
+    pair_t p;
+    progress_t at;
+    p.own = address_of(args[0]);
+    p.size = PyLong_AsLongLong(args[1]);
+    p.kind = (int)PyLong_AsLong(args[2]);
+    p.ce = PyLong_AsLongLong(args[3]);
+    p.half = PyLong_AsLongLong(args[4]);
+    p.nch = PyLong_AsLongLong(args[5]);
+    p.k0 = PyLong_AsLongLong(args[6]);
+    int64_t enter = PyLong_AsLongLong(args[7]);
+    at.r = PyLong_AsLongLong(args[8]);
+    at.s = PyLong_AsLongLong(args[9]);
+    at.g = PyLong_AsLongLong(args[10]);
+    double slice = PyFloat_AsDouble(args[11]);
+    long yield_every = PyLong_AsLong(args[12]);
+    p.first = PyObject_IsTrue(args[13]);
+    p.slots = PyLong_AsLongLong(args[14]);
+    p.slot_bytes = PyLong_AsLongLong(args[15]);
+    p.mine = address_of(args[16]);
+    p.theirs = address_of(args[17]);
+    p.my_words = address_of(args[18]);
+    p.peer_words = address_of(args[19]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!item_size(p.kind) || p.ce <= 0 || p.slots <= 0 || p.first < 0 || !p.own ||
+        !p.mine || !p.theirs || !p.my_words || !p.peer_words || p.nch < 0 ||
+        p.nch >= (1LL << FIELD_BITS) || p.half < 0 || p.half > p.size || at.r < 0 ||
+        at.s < at.r || at.s > p.nch || at.g < 0 || at.g > at.r ||
+        p.ce * (long long)item_size(p.kind) > p.slot_bytes / 2) {
+        PyErr_SetString(PyExc_ValueError, "run: inconsistent arguments");
+        return NULL;
+    }
+    long long result;
+    int64_t seq = enter >> seq_shift, tag = enter & tag_mask;
+    Py_BEGIN_ALLOW_THREADS
+    int entered = 1;
+    if (enter) {
+        __atomic_store_n(&p.my_words[enter_at], enter, __ATOMIC_RELEASE);
+        entered = peer_entered(&p, seq, tag);
+    }
+    if (entered > 0)
+        advance(&p, &at);
+    if (entered >= 0 && slice > 0 && !finished(&p, &at)) {
+        double end = now() + slice;
+        unsigned polls = 0;
+        long idle = 0;
+        while (!finished(&p, &at)) {
+            if (entered == 0) {
+                entered = peer_entered(&p, seq, tag);
+                if (entered < 0)
+                    break;
+                if (entered > 0)
+                    continue;
+            } else if (advance(&p, &at)) {
+                continue;
+            }
+            if (yield_every > 0 && ++idle >= yield_every) {
+                idle = 0;
+                sched_yield();
+            }
+            if (++polls == POLLS_PER_CLOCK) {
+                polls = 0;
+                if (now() > end)
+                    break;
+            }
+        }
+    }
+    result = entered < 0 ? PEER_MISMATCH : entered == 0 ? PEER_ABSENT
+             : (at.r << (2 * FIELD_BITS)) | (at.s << FIELD_BITS) | at.g;
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(result);
+}
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
+     "configure(staged, reduced, consumed, enter, seq_shift, tag_mask, lookahead): the "
+     "layout."},
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+     "run(own, count, kind, ce, half, nch, k0, enter, r, s, g, slice, yield_every, first, "
+     "slots, slot_bytes, mine, theirs, my_words, peer_words) -> r << 42 | s << 21 | g, "
+     "or a negative status."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_shm_pair",
+    "The two-rank shared-memory all-reduce in C (see shm_pair.py).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__shm_pair(void) { return PyModule_Create(&module); }

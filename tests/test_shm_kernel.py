@@ -1,0 +1,174 @@
+"""The C kernel of two-rank shared-memory sums (hpccomm.backends.shm_pair).
+
+Each test makes a group of world ranks 0 and 1 that sends every all-reduce through shared
+memory with small ring slots (many chunks, the ring wrapping around), so it runs at any
+world size of two or more. Checked: exact integer sums (wrapping), both forms of an
+operation (the direct form a synchronous torch sum takes, the state machine of every
+other call) mixed across ranks, an operation handed from the direct form back to the
+state machine when the peer is late, a mismatch between the ranks raising instead of
+hanging, and ranks that do not all have the kernel agreeing to do without it.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASE = os.path.join(ROOT, "tests", "scripts", "shm_kernel_case.py")
+
+
+def _kernel():
+    from hpccomm.backends import shm_algorithms
+
+    if shm_algorithms.pair_run is None:
+        pytest.skip("hpccomm's C helper _shm_pair is not built (or HPCCOMM_SHM_KERNEL=0)")
+
+
+@pytest.fixture(scope="module")
+def pair(world):
+    """The two-rank shared-memory group of world ranks 0 and 1 (None on other ranks)."""
+    import hpccomm as dist
+
+    saved = {name: os.environ.get(name) for name in ("HPCCOMM_SHM_MIN_BYTES",
+                                                     "HPCCOMM_SHM_CHUNK")}
+    os.environ.update(HPCCOMM_SHM_MIN_BYTES="1", HPCCOMM_SHM_CHUNK="1024")
+    try:
+        group = dist.new_group([0, 1], timeout=20)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    yield group if dist.get_rank() < 2 else None
+    dist.destroy_process_group(group)
+
+
+def _datatype(group, dtype):
+    from hpccomm.backends.shm import SharedMemoryCommunicator
+
+    cpu = group.cpu
+    if not isinstance(cpu, SharedMemoryCommunicator) or cpu.pair_args is None:
+        pytest.skip("ranks 0 and 1 do not share a node with shared memory here")
+    return cpu.direct_types[np.dtype(dtype)]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [1, 7, 1001, 4099, 100003])
+def test_integer_sums_wrap_exactly_at_odd_sizes(dist, pair, rank, count):
+    _kernel()
+    if pair is None:
+        return
+    _datatype(pair, np.int32)
+    rng = np.random.default_rng(count)
+    inputs = rng.integers(-2**31, 2**31, (2, count), dtype=np.int64)
+    for dtype in (np.int32, np.uint8):
+        mine = inputs[rank].astype(dtype)
+        expect = inputs[0].astype(dtype) + inputs[1].astype(dtype)  # wraps, as MPI's sum
+        before = pair.cpu.ops
+        dist.all_reduce(mine, group=pair)
+        assert pair.cpu.ops == before + 1  # through shared memory
+        assert np.array_equal(mine, expect), dtype
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", ["float32", "float64", "complex64", "int64", "uint16"])
+def test_direct_form_and_state_machine_meet_in_one_operation(dist, pair, rank, name):
+    """Rank 0 sums in the direct form, rank 1 with an async call of the state machine."""
+    from hpccomm import _call
+
+    _kernel()
+    if pair is None:
+        return
+    datatype = _datatype(pair, name)
+    count = 50001
+    base = np.arange(count, dtype=np.float64) % 97
+    mine = (base * (rank + 1)).astype(name)
+    if name.startswith("complex"):
+        mine = mine + 1j * (rank + 2)
+    want = (base * 3).astype(name)
+    if name.startswith("complex"):
+        want = want + 5j
+    if rank == 0:
+        assert _call.sum_in_place(pair, "all_reduce", mine.ctypes.data, count,
+                                  mine.nbytes, datatype, None, mine, mine)
+    else:
+        dist.all_reduce(mine, group=pair, async_op=True).wait()
+    assert np.array_equal(mine, want)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_late_peer_hands_the_direct_form_to_the_state_machine(dist, pair, rank):
+    from hpccomm.backends import shm_pair
+
+    _kernel()
+    if pair is None:
+        return
+    datatype = _datatype(pair, np.float32)
+    arr = np.full(300000, rank + 1.0, np.float32)
+    if rank == 1:
+        time.sleep(50 * shm_pair.SLICE_S)  # far past rank 0's spin
+    started = pair.cpu.sum_in_place_at(arr.ctypes.data, arr.size, datatype, None)
+    if rank == 0:
+        assert started is not None, "rank 0 should have handed the operation back"
+    if started is not None:
+        test, _, keep = started
+        deadline = time.monotonic() + 20
+        while not test():
+            assert time.monotonic() < deadline, "the handed-back operation never finished"
+        assert keep is not None
+    assert (arr == 3.0).all()
+    dist.all_reduce(arr, group=pair)  # the group goes on
+    assert (arr == 6.0).all()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_mismatch_in_the_direct_form_raises_instead_of_hanging(dist, rank, size):
+    from hpccomm import _call
+
+    _kernel()
+    os.environ.update(HPCCOMM_SHM_MIN_BYTES="1")
+    try:
+        group = dist.new_group([0, 1], timeout=5)
+    finally:
+        os.environ.pop("HPCCOMM_SHM_MIN_BYTES", None)
+    try:
+        if rank < 2:
+            dtype = np.float32 if rank == 0 else np.float64
+            datatype = _datatype(group, dtype)
+            arr = np.ones(20000, dtype)
+            start = time.monotonic()
+            with pytest.raises(dist.DistError) as info:
+                _call.sum_in_place(group, "all_reduce", arr.ctypes.data, arr.size, arr.nbytes,
+                                   datatype, None, arr, arr)
+            assert time.monotonic() - start < 5
+            text = str(info.value)
+            assert "another kind, dtype or size" in text or "timed out" in text, text
+            assert f"rank {rank}" in text, text
+    finally:
+        dist.destroy_process_group(group)
+
+
+def _mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else "mpiexec"
+
+
+def test_ranks_without_the_kernel_everywhere_keep_the_numpy_steps():
+    """HPCCOMM_SHM_KERNEL=0 on one rank only: the group runs the NumPy steps on both."""
+    env = dict(os.environ)
+    for name in ("HPCCOMM_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR", "HPCCOMM_SHM",
+                 "HPCCOMM_SHM_KERNEL"):
+        env.pop(name, None)
+    done = subprocess.run([_mpiexec(), "-n", "2", sys.executable, CASE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    lines = sorted(line for line in output.splitlines() if line.startswith("RESULT "))
+    if any("no-kernel-built" in line for line in lines):
+        pytest.skip("hpccomm's C helper _shm_pair is not built")
+    assert done.returncode == 0, output
+    assert lines == ["RESULT rank=0 kernel=False sum=ok",
+                     "RESULT rank=1 kernel=False sum=ok"], output
