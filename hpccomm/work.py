@@ -64,6 +64,9 @@ def spin_yield_every() -> int:
 #: set by a backend while it has such work, ``None`` otherwise. Called between the polls
 #: of a wait, never before the first test: an operation complete at once pays nothing.
 while_waiting: Optional[Callable[[], None]] = None
+#: Non-zero while a status check that must not block runs (``Work.is_completed``): a
+#: backend's test may then not wait in native code for its peers, as it may in a wait.
+probing = 0
 
 
 #: Set by a backend that can wait on some of its tests in native code, without the GIL:
@@ -316,9 +319,15 @@ class Work:
 
     def is_completed(self) -> bool:
         """Whether the operation finished (successfully or not), without blocking."""
+        global probing
         if self._state:
             return True
-        if self._poll():
+        probing += 1
+        try:
+            done = self._poll()
+        finally:
+            probing -= 1
+        if done:
             self._complete()
             return True
         progress = while_waiting  # a caller polling this way waits too

@@ -32,17 +32,10 @@ def pair(world):
     """The two-rank shared-memory group of world ranks 0 and 1 (None on other ranks)."""
     import hpccomm as dist
 
-    saved = {name: os.environ.get(name) for name in ("HPCCOMM_SHM_MIN_BYTES",
-                                                     "HPCCOMM_SHM_CHUNK")}
-    os.environ.update(HPCCOMM_SHM_MIN_BYTES="1", HPCCOMM_SHM_CHUNK="1024")
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HPCCOMM_SHM_MIN_BYTES", "1")
+        patch.setenv("HPCCOMM_SHM_CHUNK", "1024")
         group = dist.new_group([0, 1], timeout=20)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     yield group if dist.get_rank() < 2 else None
     dist.destroy_process_group(group)
 
@@ -126,15 +119,44 @@ def test_a_late_peer_hands_the_direct_form_to_the_state_machine(dist, pair, rank
 
 
 @pytest.mark.mpi(min_size=2)
+def test_is_completed_never_waits_in_the_kernel_but_wait_does(dist, pair, rank):
+    from hpccomm.backends.shm_algorithms import AllReduce
+
+    _kernel()
+    if pair is None:
+        return
+    _datatype(pair, np.float64)
+    arr = np.full(100000, rank + 1.0)
+    calls = []
+    original = AllReduce.wait_pair
+
+    def recorded(op, slice_s, yield_every):
+        calls.append(slice_s)
+        return original(op, slice_s, yield_every)
+    AllReduce.wait_pair = recorded
+    try:
+        if rank == 1:
+            time.sleep(0.2)
+        work = dist.all_reduce(arr, group=pair, async_op=True)
+        if rank == 0:
+            assert not any(work.is_completed() for _ in range(20))  # the peer sleeps
+            assert calls == [], "is_completed waited for the peer"
+        work.wait()
+        if rank == 0:
+            assert calls, "the wait did not wait in the kernel"
+    finally:
+        AllReduce.wait_pair = original
+    assert (arr == 3.0).all()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_mismatch_in_the_direct_form_raises_instead_of_hanging(dist, rank, size):
     from hpccomm import _call
 
     _kernel()
-    os.environ.update(HPCCOMM_SHM_MIN_BYTES="1")
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HPCCOMM_SHM_MIN_BYTES", "1")
         group = dist.new_group([0, 1], timeout=5)
-    finally:
-        os.environ.pop("HPCCOMM_SHM_MIN_BYTES", None)
     try:
         if rank < 2:
             dtype = np.float32 if rank == 0 else np.float64

@@ -230,7 +230,8 @@ class SharedMemoryCommunicator(MPICommunicator):
                 _progress_all()
                 if op.error is not None:
                     raise op.error
-                if not op.done and waits_in_c and self.queue[0] is op and len(_busy) == 1:
+                if (not op.done and waits_in_c and not _work.probing and
+                        self.queue[0] is op and len(_busy) == 1):  # a wait on it: in C
                     op.wait_pair(shm_pair.SLICE_S, _work.spin_yield_every())
                     _progress_all()
                 if not op.done:
