@@ -34,6 +34,7 @@ import collections
 import ctypes
 import math
 import os
+import threading
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -189,10 +190,15 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.pair_args = (shm_pair.communicator_args(self.rank, self.slots, self.slot_bytes,
                                                      self.regions, self.words)
                           if self.size == 2 and kernel else None)
+        #: Held while the kernel runs an operation of this communicator (GIL released):
+        #: threads waiting on one Work must not run its steps twice.
+        self.kernel_lock = threading.Lock()
         #: MPI datatype handle -> (dtype, kernel kind, reals per element): the dtypes of
         #: the direct form at or above ``min_reduce`` (:meth:`sum_in_place_at`).
         self.kernel_types: Dict[int, tuple] = {}
-        if self.pair_args is not None and self.direct_below >= self.min_reduce:
+        #: Bytes from which MPI's own direct form stops (a gate starts, say).
+        self.mpi_direct_below = self.direct_below
+        if self.pair_args is not None:
             for dtype, handle in self.direct_types.items():
                 kind = shm_pair.kind_of(np.dtype(dtype))
                 if kind is not None:
@@ -209,7 +215,11 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.queue: "collections.deque[Collective]" = collections.deque()
         self.failed: Optional[BaseException] = None
         self._reducers: Dict[Any, Reducer] = {}
-        if not self.kernel_types:  # no direct form through shared memory: MPI's below it
+        self._direct_dtypes = {handle: np.dtype(dtype)
+                               for dtype, handle in self.direct_types.items()}
+        if self.kernel_types:  # the direct form goes on through shared memory
+            self.direct_below = max(self.direct_below, _INT_MAX) if self.direct_types else 0
+        else:  # MPI's direct form, below the shared-memory threshold
             self.direct_below = min(self.direct_below, self.min_reduce)
 
     # -- the engine -------------------------------------------------------------------
@@ -315,9 +325,16 @@ class SharedMemoryCommunicator(MPICommunicator):
         the descriptor, runs the chunks and waits up to its slice in C. ``None`` once
         done, else the ``(test, finish, keep)`` of the operation handed back to the
         state machine (see :meth:`MPICommunicator.sum_in_place_at`)."""
+        dtype = self._direct_dtypes[datatype]
+        nbytes = count * dtype.itemsize
+        if nbytes < self.min_reduce:
+            if nbytes < self.mpi_direct_below:
+                return MPICommunicator.sum_in_place_at(self, address, count, datatype, limit)
+            return MPICommunicator.all_reduce(self, _at(address, nbytes, dtype),  # gated
+                                              RedOpType.SUM, None)
         found = self.kernel_types.get(datatype)
-        if found is None or count * found[0].itemsize < self.min_reduce:
-            return MPICommunicator.sum_in_place_at(self, address, count, datatype, limit)
+        if found is None:  # a dtype the kernel does not sum: the state machine's steps
+            return self.all_reduce(_at(address, nbytes, dtype), RedOpType.SUM, None)
         if self.failed is not None or self.queue:
             raise DistBackendError(f"an earlier shared-memory operation of this group "
                                    f"failed ({self.failed}); the group is unusable"
@@ -404,6 +421,9 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.user_segments, self.words, self.regions = [None], [], []
         if not MPI.Is_finalized():
             self.node.Free()
+
+
+_INT_MAX = 2 ** 31 - 1  # bytes: the direct form's callers stay below MPI's int counts
 
 
 def _at(address: int, nbytes: int, dtype: np.dtype) -> np.ndarray:

@@ -367,16 +367,24 @@ class AllReduce(Collective):
     def wait_pair(self, slice_s: float, yield_every: int) -> None:
         """Wait in C, up to ``slice_s`` seconds, for the kernel's remaining steps (the
         caller's next ``step()`` completes the operation)."""
-        args = self.kernel_args
-        if args is not None and self.g < self.nch:
-            self.r, self.s, self.g = shm_pair.unpack(pair_run(
-                *args, self.r, self.s, self.g, slice_s, yield_every, *self.ctx.pair_args))
+        args, lock = self.kernel_args, self.ctx.kernel_lock
+        if args is not None and self.g < self.nch and lock.acquire(False):
+            try:  # one thread at a time: the kernel runs without the GIL
+                self.r, self.s, self.g = shm_pair.unpack(pair_run(
+                    *args, self.r, self.s, self.g, slice_s, yield_every, *self.ctx.pair_args))
+            finally:
+                lock.release()
 
     def advance_pair(self) -> bool:
         args = self.kernel_args
         if args is not None:
-            self.r, self.s, self.g = shm_pair.unpack(pair_run(
-                *args, self.r, self.s, self.g, 0.0, 0, *self.ctx.pair_args))
+            lock = self.ctx.kernel_lock
+            if lock.acquire(False):  # else another thread runs the kernel on it now
+                try:
+                    self.r, self.s, self.g = shm_pair.unpack(pair_run(
+                        *args, self.r, self.s, self.g, 0.0, 0, *self.ctx.pair_args))
+                finally:
+                    lock.release()
             return self.g == self.nch
         ctx = self.ctx
         nch, k0, ce, flat = self.nch, self.k0, self.ce, self.flat
