@@ -1,12 +1,20 @@
 """Turn an uncaught exception on one rank into a clean abort of the whole MPI job.
 
 Without this, a rank that dies of an exception leaves the others blocked in their next
-collective until a timeout (or forever). :func:`install` wraps ``sys.excepthook`` so
-that the failing rank first prints its own traceback, tagged with its rank, and then
-calls ``MPI_Abort``, which the launcher (mpiexec, srun) turns into the end of every
-rank. ``hpccomm run`` installs it on every rank; programs started otherwise may call
+collective until a timeout (or forever). :func:`install` wraps ``sys.excepthook`` and
+``threading.excepthook`` so that the failing rank first prints its own traceback, tagged
+with its rank, and then calls ``MPI_Abort``, which the launcher (mpiexec, srun) turns
+into the end of every rank. ``init_process_group`` installs it in jobs of more than one
+rank and ``hpccomm run`` on every rank; programs started otherwise may call
 ``hpccomm.excepthook.install()`` themselves. Setting ``HPCCOMM_NO_ABORT_ON_EXCEPTION=1``
 opts out (the traceback is printed and the rank exits as Python normally does).
+
+The traceback must survive the abort, so it is written to the process's real standard
+error, file descriptor 2, whatever ``sys.stderr`` points at (torch's own excepthook
+points it at a buffer that it prints only after this hook returns, which an abort never
+does). When that descriptor is a pipe or a socket, as it is under every launcher, the
+hook then waits, for at most :data:`DRAIN_S` seconds, until the launcher has read what
+was written: an abort that overtakes the launcher's read loses the output with the job.
 
 This module never initializes MPI. If MPI was not initialized yet on the failing rank
 (the exception came before ``init_process_group``), the rank kills itself with SIGTERM
@@ -15,9 +23,13 @@ when a rank dies of a signal, whereas an exit status alone leaves the others wai
 """
 from __future__ import annotations
 
+import array
 import os
 import signal
+import stat
 import sys
+import threading
+import time
 import traceback
 from types import TracebackType
 from typing import Any, Callable, Optional, Type
@@ -27,10 +39,19 @@ from .._launcher_env import RANK_VARS
 #: Set to 1/true/yes to keep Python's default behaviour (no abort).
 OPT_OUT_ENV = "HPCCOMM_NO_ABORT_ON_EXCEPTION"
 
+#: The longest wait for the launcher to read this rank's last output before the abort.
+DRAIN_S = 3.0
+
 #: torch's RANK first, then the launchers' own variables, innermost first.
 _RANK_VARS = ("RANK",) + tuple(rank for rank, _ in RANK_VARS)
 
+# ioctl requests that tell how many written bytes nobody has read yet (Linux numbers;
+# FIONREAD on a pipe counts the pipe's whole content, from either end).
+_FIONREAD = 0x541B
+_SIOCOUTQ = 0x5411
+
 _previous: Optional[Callable[..., Any]] = None
+_previous_thread: Optional[Callable[..., Any]] = None
 
 
 def opted_out() -> bool:
@@ -60,18 +81,87 @@ def rank_label() -> str:
     return "rank ?"
 
 
-def abort(code: int = 1, message: str = "") -> None:
-    """End the whole job now: print ``message``, flush, then ``MPI_Abort`` (or exit).
+def _unread(fd: int) -> int:
+    """Bytes written to ``fd`` that its reader has not taken yet (0 when unknowable)."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode):
+            request = _FIONREAD
+        elif stat.S_ISSOCK(mode):
+            request = _SIOCOUTQ
+        else:  # a file or a terminal keeps what was written
+            return 0
+        import fcntl
 
-    Reusable by anything that must stop every rank (a watchdog, a timeout handler).
+        count = array.array("i", [0])
+        fcntl.ioctl(fd, request, count, True)
+        return count[0]
+    except (OSError, ImportError, ValueError):
+        return 0
+
+
+def drain(fds: tuple = (1, 2), limit: float = DRAIN_S) -> bool:
+    """Wait until whoever reads ``fds`` (the launcher) has read everything written to them.
+
+    Returns ``False`` if output was still unread after ``limit`` seconds. Polls every
+    5 ms: this runs once, on the way out of a failing process.
     """
-    if message:
-        sys.stderr.write(message if message.endswith("\n") else message + "\n")
-    for stream in (sys.stdout, sys.stderr):
+    deadline = time.monotonic() + limit
+    for fd in fds:
+        while _unread(fd) > 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+    return True
+
+
+def write_stderr(text: str) -> None:
+    """Write ``text`` to the real standard error (fd 2), bypassing any ``sys.stderr`` swap.
+
+    A ``sys.stderr`` that a program pointed at a file of its own gets the text too.
+    """
+    data = text.encode("utf-8", "replace")
+    while data:
         try:
+            written = os.write(2, data)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        data = data[written:]
+    stream = sys.stderr
+    try:
+        own_file = stream is not None and stream.fileno() != 2
+    except Exception:  # a StringIO (torch's excepthook buffer), a closed stream...
+        own_file = False
+    if own_file:
+        try:
+            stream.write(text)
             stream.flush()
         except Exception:
             pass
+
+
+def _flush_python_streams() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+
+
+def abort(code: int = 1, message: str = "") -> None:
+    """End the whole job now: print ``message``, let the launcher read it, ``MPI_Abort``.
+
+    Without MPI running, under a launcher the process kills itself with SIGTERM (which
+    the launcher turns into the end of the job), else it exits with ``code``.
+    Reusable by anything that must stop every rank (a watchdog, a timeout handler).
+    """
+    _flush_python_streams()
+    if message:
+        write_stderr(message if message.endswith("\n") else message + "\n")
+    drain()
     mpi = _mpi_if_running()
     if mpi is not None:
         mpi.COMM_WORLD.Abort(code)
@@ -89,43 +179,89 @@ def _under_launcher() -> bool:
     return stated is not None and stated[1] > 1
 
 
+def _report(where: str, exc_type: Type[BaseException], exc: Optional[BaseException],
+            tb: Optional[TracebackType]) -> None:
+    """Print the traceback (and abort the job unless opted out)."""
+    text = f"hpccomm: uncaught exception {where}:\n" + "".join(
+        traceback.format_exception(exc_type, exc, tb))
+    if opted_out():
+        _flush_python_streams()
+        write_stderr(_torch_prefixed(text))
+        return
+    label = rank_label()
+    abort(1, _torch_prefixed(text + f"hpccomm: {label} aborts the whole job; set "
+                                    f"{OPT_OUT_ENV}=1 to let the other ranks continue\n"))
+
+
+def _torch_prefixed(text: str) -> str:
+    """The lines of ``text`` prefixed ``[rankN]: `` when torch's excepthook wraps this one,
+    as torch prints them for its own backends."""
+    hook = sys.excepthook
+    if hook is _hook or getattr(hook, "__name__", "") != "_distributed_excepthook":
+        return text
+    mpi = _mpi_if_running()
+    rank = mpi.COMM_WORLD.Get_rank() if mpi is not None else os.environ.get("RANK", "?")
+    return "".join(f"[rank{rank}]: {line}" if line.strip() else line
+                   for line in text.splitlines(keepends=True))
+
+
 def _hook(exc_type: Type[BaseException], exc: BaseException,
           tb: Optional[TracebackType]) -> None:
-    """Print this rank's traceback, then abort the job (unless opted out)."""
-    label = rank_label()
-    text = "".join(traceback.format_exception(exc_type, exc, tb))
-    if opted_out():
-        sys.stderr.write(f"hpccomm: uncaught exception on {label}:\n{text}")
-        sys.stderr.flush()
+    """``sys.excepthook``: this rank's traceback, then the end of the job."""
+    _report(f"on {rank_label()}", exc_type, exc, tb)
+
+
+def _thread_hook(args: Any) -> None:
+    """``threading.excepthook``: the same for an exception that ends a thread."""
+    if args.exc_type is SystemExit:  # Python ignores a thread's SystemExit: so do we
         return
-    abort(1, f"hpccomm: uncaught exception on {label}:\n{text}"
-             f"hpccomm: {label} aborts the whole job; set {OPT_OUT_ENV}=1 "
-             f"to let the other ranks continue")
+    name = args.thread.name if args.thread is not None else "?"
+    _report(f"in thread {name!r} on {rank_label()}", args.exc_type, args.exc_value,
+            args.exc_traceback)
 
 
 def install() -> bool:
-    """Install the abort-on-exception hook; returns whether it is active.
+    """Install the abort-on-exception hooks; returns whether they are active.
 
     Idempotent; does nothing (returns ``False``) when ``HPCCOMM_NO_ABORT_ON_EXCEPTION``
-    is set. The previous hook is kept for :func:`uninstall`.
+    is set. The previous hooks are kept for :func:`uninstall`.
     """
-    global _previous
+    global _previous, _previous_thread
     if opted_out():
         return False
-    if sys.excepthook is not _hook:
+    if not installed():
         _previous = sys.excepthook
         sys.excepthook = _hook
+    if threading.excepthook is not _thread_hook:
+        _previous_thread = threading.excepthook
+        threading.excepthook = _thread_hook
     return True
 
 
 def uninstall() -> None:
-    """Restore the hook that was active before :func:`install`."""
-    global _previous
+    """Restore the hooks that were active before :func:`install`."""
+    global _previous, _previous_thread
     if sys.excepthook is _hook:
         sys.excepthook = _previous or sys.__excepthook__
-    _previous = None
+    if threading.excepthook is _thread_hook:
+        threading.excepthook = _previous_thread or threading.__excepthook__
+    _previous = _previous_thread = None
 
 
 def installed() -> bool:
-    """Whether the abort-on-exception hook is the current ``sys.excepthook``."""
-    return sys.excepthook is _hook
+    """Whether the abort-on-exception hook runs for an uncaught exception: it is
+    ``sys.excepthook``, or the hook that torch's own excepthook calls."""
+    hook = sys.excepthook
+    return hook is _hook or (getattr(hook, "__name__", "") == "_distributed_excepthook"
+                             and _previous is not None and _wrapped_by(hook))
+
+
+def _wrapped_by(hook: Any) -> bool:
+    """Whether ``hook`` (torch's excepthook) calls this module's hook."""
+    for cell in getattr(hook, "__closure__", None) or ():
+        try:
+            if cell.cell_contents is _hook:
+                return True
+        except ValueError:
+            continue
+    return False
