@@ -12,7 +12,8 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_single,
                           reduce_scatter, reduce_scatter_single, reduce_scatter_tensor, scatter)
 from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import (DistBackendError, DistDesyncError, DistError, DistNetworkError,
-                     DistStoreError, DistTimeoutError, DistValueError)
+                     DistStoreError, DistTimeoutError, DistValueError, ProcessFailedError)
+from .fault import SHRINK_ABORT, SHRINK_DEFAULT, agree, is_fault_tolerant, revoke, shrink_group
 from .group import (GroupMember, ProcessGroup, get_backend, get_global_rank, get_group_rank,
                     get_process_group_ranks, get_rank, get_world_size, group, new_group,
                     new_subgroups, new_subgroups_by_enumeration, split_group)

@@ -17,10 +17,10 @@ import numpy as np
 from . import observe as _observe
 from . import work as _waits
 from ._arrays import _FAMILY, as_array, device_of, dtype_family, reduce_problem
-from .errors import DistBackendError, DistError
+from .errors import DistError
 from .group import ProcessGroup
 from .types import RedOpType, split_op
-from .work import Work, chain, poll
+from .work import Work, chain, failure_error, poll
 
 ndarray = np.ndarray
 _VALIDATED: dict = {}  # (plain op, dtype) -> (kind, None), once validated
@@ -218,8 +218,7 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
     except DistError:
         raise
     except Exception as exc:
-        raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
-                               f"'{pg.group_name}' failed to start: {exc}") from exc
+        raise _start_failed(pg, op, exc) from exc
     seq = pg.seq = pg.seq + 1
     if async_op or observed or type(started) is not tuple:
         work = _work(started, pg, op, seq, arr, peer, timeout, result, after, keep)
@@ -269,11 +268,17 @@ def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: in
     try:
         running = cpu.sum_in_place_at(address, count, datatype, limit)
     except Exception as exc:
-        raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
-                               f"'{pg.group_name}' failed: {exc}") from exc
+        raise _start_failed(pg, op, exc) from exc
     if running is not None:  # still running after the spin: waited as any operation
         _work(running, pg, op, seq, arr, None, timeout, (), None, keep).wait()
     return True
+
+
+def _start_failed(pg: ProcessGroup, op: str, exc: BaseException) -> DistError:
+    """The error of an operation that failed as it started (a failed peer, a revoked or
+    broken communicator)."""
+    return failure_error(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
+                         f"'{pg.group_name}'", pg, exc)
 
 
 def _watch(work: Work) -> None:

@@ -40,3 +40,37 @@ class DistTimeoutError(DistBackendError, TimeoutError):
 
 class DistDesyncError(DistError):
     """Ranks of one group called different collectives (debug level DETAIL)."""
+
+
+class ProcessFailedError(DistBackendError):
+    """A process of the group died while this rank communicated with the group.
+
+    Raised only where the MPI library reports process failures (ULFM: Open MPI's
+    ``mpirun --with-ft ulfm``); elsewhere the launcher ends the job. ``failed_ranks`` are
+    the global ranks known to have failed (empty if not known yet on this rank). The
+    group is revoked on every rank: go on with ``hpccomm.shrink_group()``.
+    """
+
+    def __init__(self, message: str, failed_ranks: "list[int] | tuple[int, ...]" = ()):
+        super().__init__(message)
+        self.failed_ranks = list(failed_ranks)
+
+    def __reduce__(self):  # picklable with its ranks (errors cross processes in tests)
+        return type(self), (str(self), self.failed_ranks)
+
+
+def process_failed(what: str, failed: "list[int]", cause: BaseException) -> ProcessFailedError:
+    """The error of operation ``what`` (``"all_reduce (seq 3) on rank 0/4 of group ..."``)
+    whose group lost the global ranks ``failed`` (empty: not known yet on this rank)."""
+    if failed:
+        who = (f"global rank {failed[0]} has" if len(failed) == 1
+               else f"global ranks {', '.join(map(str, failed))} have")
+        dead = f"{who} failed"
+    else:
+        dead = "a rank of the group has failed (another rank revoked the group)"
+    error = ProcessFailedError(
+        f"{what} failed: {dead} ({cause}). The group is revoked on every rank; go on "
+        f"with the survivors: hpccomm.shrink_group() returns the group without the failed "
+        f"ranks.", failed)
+    error.__cause__ = cause
+    return error

@@ -140,6 +140,17 @@ class ProcessGroup:
                                  f"'{self.group_name}' (out of range for its size {self._size})")
         return self.ranks[group_rank]
 
+    def failed_ranks(self, exc: BaseException) -> Optional[List[int]]:
+        """``None`` unless ``exc`` reports a failed process (MPI with ULFM); then this
+        group's communicator is revoked on every rank and the global ranks known to
+        have failed are returned."""
+        if self.comm is None:
+            return None
+        from .backends import mpi_ft
+
+        found = mpi_ft.failed_peers(self.comm, exc)
+        return None if found is None else [self.ranks[r] for r in found]
+
     def error(self, op: str, message: str) -> DistValueError:
         """An argument error naming the operation, this rank and this group."""
         return DistValueError(f"hpccomm.{op} on rank {self._rank}/{self._size} of group "

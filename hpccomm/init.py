@@ -275,6 +275,36 @@ def destroy_process_group(group: Any = None) -> None:
     registry.clear()
 
 
+def replace_default_group(comm: Any, desc: str, failed: bool) -> ProcessGroup:
+    """Make the MPI communicator ``comm`` (the remaining members of the default group,
+    from ``shrink_group``) the new default group: every other group is destroyed, ranks
+    are renumbered in ``comm``'s order, and an MPI default store moves to ``comm``.
+
+    The old MPI store is given up at once if ranks ``failed`` (its server may be dead);
+    after a planned exclusion it stays open, to be closed at exit together with the
+    excluded ranks, which still hold it.
+    """
+    old = registry.world
+    for pg in reversed(list(registry.groups.values())):
+        if pg is not old:
+            destroy(pg)
+    store = registry.store
+    if type(store).__name__ == "MPIStore":
+        if failed:
+            store.abandon()  # never wait for the dead again
+        store = _make_store(None, None, comm.Get_rank(), comm.Get_size(), registry.timeout,
+                            comm)
+    backends, timeout, bound = old.backend_names, old.timeout, old.bound_device_id
+    destroy(old)
+    pg = ProcessGroup(comm, name="WORLD", world_ranks=range(comm.Get_size()), timeout=timeout,
+                      backends=backends, desc=desc)
+    pg.bound_device_id = bound
+    registry.world, registry.store = pg, store
+    registry.name_counts.clear()  # names restart from the new numbering
+    registry.add(pg)
+    return pg
+
+
 def abort_process_group(group: Any = None) -> None:
     """Abort the whole job from this rank (MPI offers no way to abort one group only)."""
     pg = resolve(group, "abort_process_group")

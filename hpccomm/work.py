@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import observe as _observe
-from .errors import DistBackendError, DistError, DistTimeoutError
+from .errors import DistBackendError, DistError, DistTimeoutError, process_failed
 from .types import timeout_seconds
 
 _monotonic = time.monotonic
@@ -260,9 +260,7 @@ class Work:
     def _fail(self, exc: BaseException) -> None:
         self._state = _FAILED
         if not isinstance(exc, DistError):
-            wrapped = DistBackendError(f"{self.describe()} failed: {exc}")
-            wrapped.__cause__ = exc
-            exc = wrapped
+            exc = failure_error(self.describe(), self.group, exc)
         self._error = exc
         keep, self._keep = self._keep, None
         abandon(self._test, keep)
@@ -394,6 +392,23 @@ class Work:
     def __repr__(self) -> str:
         state = ("pending", "completed", "failed")[self._state]
         return f"<Work {self.op} seq={self.seq} {state}>"
+
+
+def failure_error(what: str, group: Any, exc: BaseException) -> DistError:
+    """A library error of operation ``what`` on ``group`` as a :class:`DistError`: a
+    ``ProcessFailedError`` naming the failed ranks if ``group`` says it reports a process
+    failure (the group then is revoked), else a ``DistBackendError``."""
+    failed = None
+    if group is not None:
+        try:
+            failed = group.failed_ranks(exc)
+        except Exception:  # naming the failure must not hide it
+            failed = None
+    if failed is not None:
+        return process_failed(what, failed, exc)
+    wrapped = DistBackendError(f"{what} failed: {exc}")
+    wrapped.__cause__ = exc
+    return wrapped
 
 
 def _short(ranks: Sequence[int], limit: int = 16) -> str:

@@ -27,3 +27,29 @@ def without_launcher(extra_prefixes=(), env=None, **extra):
     clean = {k: v for k, v in env.items() if not k.startswith(drop) or k.startswith(SETTINGS)}
     clean.update(extra)
     return clean
+
+
+def mpiexec():
+    """The ``mpiexec`` of the MPI library this Python's mpi4py loads (its venv's)."""
+    import shutil
+    import sys
+
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
+
+
+_VENDOR = []
+
+
+def mpi_vendor():
+    """``"MPICH"``, ``"Open MPI"``, ``"Intel MPI"``...: the library mpi4py loads here,
+    asked in a child process so that the test process itself stays without MPI."""
+    if not _VENDOR:
+        import subprocess
+        import sys
+
+        done = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; "
+                               "print(MPI.get_vendor()[0])"], capture_output=True, text=True,
+                              timeout=60, env=without_launcher())
+        _VENDOR.append(done.stdout.strip())
+    return _VENDOR[0]

@@ -47,7 +47,7 @@ from .. import work as _work
 from ..work import Started
 from . import mpi as _mpi_backend
 from .mpi import MPICommunicator
-from . import shm_cma, shm_pair, shm_segment
+from . import mpi_ft, shm_cma, shm_pair, shm_segment
 from .shm_algorithms import (AllGather, AllReduce, Broadcast, Collective, ReduceScatter,
                              chunks, descriptor, pair_run, tag_of)
 from .shm_reduce import Reducer
@@ -114,11 +114,13 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     """The communicator for a group's CPU arrays (collective over ``comm``).
 
     Shared memory when every rank of ``comm`` is on this node, there are at least two,
-    ``HPCCOMM_SHM`` allows it on every rank and ``/dev/shm`` has room; MPI otherwise.
+    ``HPCCOMM_SHM`` allows it on every rank and ``/dev/shm`` has room; MPI otherwise,
+    and always with ULFM on (:mod:`.mpi_ft`): a dead peer of a shared-memory step is
+    never reported, so only MPI can name it.
     The ranks agree on the choice and take rank 0's chunk and threshold settings, so
     environments that differ between ranks cannot split a group between two paths.
     """
-    if comm.Get_size() < 2:
+    if comm.Get_size() < 2 or mpi_ft.enabled():  # a dead peer's memory reports nothing
         return MPICommunicator(comm, timeout)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())

@@ -85,6 +85,18 @@ def _wait_request(request: MPI.Request, seconds: float, what: str) -> None:
         delay = min(delay * 2, _CLIENT_SLEEP_S)
 
 
+def _rank_failed(comm: MPI.Intracomm, exc: MPI.Exception) -> bool:
+    """Whether ``exc`` says a rank of ``comm`` died (MPI with ULFM); if so the failure is
+    acknowledged, so that receives from any source work again among the survivors."""
+    failures = {getattr(MPI, name, None) for name in ("ERR_PROC_FAILED",
+                                                      "ERR_PROC_FAILED_PENDING")}
+    if exc.Get_error_class() not in failures or not hasattr(comm, "Ack_failed"):
+        return False
+    log.info("MPIStore: a rank of the store's communicator failed; serving the others")
+    comm.Ack_failed()
+    return True
+
+
 class _Local:
     """A request of rank 0 itself, parked in the core until its reply comes."""
 
@@ -155,7 +167,12 @@ class _Server:
         spin_until, delay = 0.0, _MIN_SLEEP_S
         try:
             while not self.stopping:
-                msg = improbe(any_source, any_tag, status)
+                try:
+                    msg = improbe(any_source, any_tag, status)
+                except MPI.Exception as exc:
+                    if not _rank_failed(comm, exc):
+                        raise
+                    continue  # acknowledged: go on serving the live ranks
                 if msg is not None:
                     buf = bytearray(status.Get_count(byte))
                     token = (status.Get_source(), status.Get_tag())
@@ -222,20 +239,35 @@ class _Shared:
         self.closed = False
         self.close_lock = threading.Lock()
 
-    def close(self) -> None:
-        """Collective shutdown: every rank done with its requests, then stop and free."""
+    def _retire(self) -> bool:
+        """Mark the store closed (once: ``False`` if it already was) and forget it."""
         with self.close_lock:
             if self.closed:
-                return
+                return False
             self.closed = True
         if self in _open:
             _open.remove(self)
+        return True
+
+    def close(self) -> None:
+        """Collective shutdown: every rank done with its requests, then stop and free."""
+        if not self._retire():
+            return
         try:
             _wait_request(self.comm.Ibarrier(), self.timeout_s, "close (a barrier)")
+        except MPI.Exception as exc:  # a rank died (MPI with ULFM): nobody left to wait for
+            log.info("MPIStore: closed without the other ranks: %s",
+                     exc.Get_error_string().strip())
         finally:
             if self.server is not None:
                 self.server.stop()
         self.comm.Free()
+
+    def abandon(self) -> None:
+        """Forget the store without a collective close (a member died): stop rank 0's
+        server thread here, and never wait for the communicator again."""
+        if self._retire() and self.server is not None:
+            self.server.stop()
 
 
 #: Stores not closed yet, in creation order (the same on every rank).
@@ -338,6 +370,11 @@ class MPIStore(RequestStore):
         twin._tag = _new_tag()
         twin._lock = threading.Lock()
         return twin
+
+    def abandon(self) -> None:
+        """Give the store up without the collective close, as after a member of its
+        communicator died; local, idempotent. Its clones are abandoned too."""
+        self._shared.abandon()
 
     def close(self) -> None:
         """Shut the store down: collective over the communicator, idempotent.

@@ -30,7 +30,8 @@ import importlib
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module
 
 from .bootstrap import create_group, mpi_rendezvous
-from .errors import DistBackendError, DistTimeoutError
+from .errors import DistBackendError, DistTimeoutError, ProcessFailedError
+from .fault import agree, revoke, shrink_group
 from .process_group import ProcessGroupHPC
 from .store import DistStoreError, MPITorchStore
 from .work import DoneWork, PendingWork
@@ -39,8 +40,9 @@ from .work import DoneWork, PendingWork
 BACKEND = "hpccomm"
 
 __all__ = ["BACKEND", "ProcessGroupHPC", "MPITorchStore", "DoneWork", "PendingWork",
-           "DistBackendError", "DistTimeoutError", "DistStoreError", "create_group",
-           "mpi_rendezvous", "monitored_barrier", "register"]
+           "DistBackendError", "DistTimeoutError", "DistStoreError", "ProcessFailedError",
+           "create_group", "mpi_rendezvous", "monitored_barrier", "register", "shrink_group",
+           "agree", "revoke"]
 
 
 def monitored_barrier(group: Any = None, timeout: Any = None,

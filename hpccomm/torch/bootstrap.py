@@ -46,6 +46,29 @@ def _mpi() -> Any:
     return mpi
 
 
+def job_world() -> Any:
+    """The communicator of the job's processes: ``MPI_COMM_WORLD``, or its survivors
+    once :func:`hpccomm.torch.shrink_group` dropped failed ranks."""
+    return _state.survivors if _state.survivors is not None else _mpi().world()
+
+
+def continue_with(survivors: Any, failed: bool) -> None:
+    """From now on the job is ``survivors`` (an MPI communicator): the next ``mpi://``
+    rendezvous and default group are made over it, with a new store over it. The old
+    store is given up if ranks ``failed``; after a planned exclusion it stays open until
+    exit, where the excluded ranks close it together with the others."""
+    if _state.store is not None:
+        if failed:
+            _state.store.abandon()  # served over the old world, where a rank is dead
+        else:
+            _state.retired.append(_state.store)
+    _state.store = None
+    _state.torch_stores = []
+    if _state.survivors is not None:
+        _mpi().free(_state.survivors)
+    _state.survivors = survivors
+
+
 class _State:
     """This process's MPI side of torch's default group (reset when it is destroyed)."""
 
@@ -58,6 +81,11 @@ class _State:
         #: over it (kept alive here: torch refers to them only from C++).
         self.store: Any = None
         self.torch_stores: List[MPITorchStore] = []
+        #: The processes of the job when some died: the survivors' communicator, set by
+        #: :func:`hpccomm.torch.shrink_group`; ``None``: ``MPI_COMM_WORLD``.
+        self.survivors: Any = None
+        #: Stores of earlier worlds, closed at exit with the ranks excluded from them.
+        self.retired: List[Any] = []
 
 
 _state = _State()
@@ -74,13 +102,14 @@ def mpi_rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
     error on the others.
     """
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
-    world = _mpi().world()
+    world = job_world()
     rank, size = world.Get_rank(), world.Get_size()
     seconds = timeout.total_seconds()
     problem: Optional[Exception] = None
     try:
-        _init.check_launch(rank, size, int(query.get("rank", -1)),
-                           int(query.get("world_size", -1)))
+        if _state.survivors is None:  # the launcher's numbers describe MPI_COMM_WORLD only
+            _init.check_launch(rank, size, int(query.get("rank", -1)),
+                               int(query.get("world_size", -1)))
     except (DistValueError, ValueError) as exc:
         problem = exc
     failing = [r for r, bad in enumerate(_mpi().allgather_flags(world, problem is not None,
@@ -118,7 +147,7 @@ def create_group(options: Any, backend_options: Any = None) -> ProcessGroupHPC:
 def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     """The default group: MPI's world renumbered as torch's ranks, and the control
     communicator; collective over ``MPI_COMM_WORLD``."""
-    world = _mpi().world()
+    world = job_world()
     mpi_size = world.Get_size()
     if size != mpi_size:
         single = (" This process is an MPI world of one: start the job with mpiexec -n N, "
@@ -194,7 +223,7 @@ def _control_for_subgroups(seconds: float) -> HostGroup:
         return _state.control
     import torch.distributed as dist
 
-    world = _mpi().world()
+    world = job_world()
     if (world.Get_size(), world.Get_rank()) != (dist.get_world_size(), dist.get_rank()):
         raise DistValueError(
             f"backend 'hpccomm' for a new group: torch's rank {dist.get_rank()} of "

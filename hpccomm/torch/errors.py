@@ -21,13 +21,22 @@ class DistTimeoutError(errors.DistTimeoutError, dist.DistBackendError):
     ``DistBackendError`` at once. The group is unusable afterwards."""
 
 
+class ProcessFailedError(errors.ProcessFailedError, dist.DistBackendError):
+    """A rank of the group died (MPI with ULFM): hpccomm's ``ProcessFailedError`` and
+    torch's ``DistBackendError`` at once. ``failed_ranks`` are global ranks; go on with
+    :func:`hpccomm.torch.shrink_group`."""
+
+
 def for_torch(exc: BaseException) -> BaseException:
     """``exc`` as one of the classes above when it is an hpccomm backend error (its cause
     and traceback kept), else ``exc`` itself."""
     if isinstance(exc, dist.DistBackendError) or not isinstance(exc, errors.DistBackendError):
         return exc
-    kind = DistTimeoutError if isinstance(exc, errors.DistTimeoutError) else DistBackendError
-    converted = kind(*exc.args)
+    if isinstance(exc, errors.ProcessFailedError):
+        converted: BaseException = ProcessFailedError(str(exc), exc.failed_ranks)
+    else:
+        kind = DistTimeoutError if isinstance(exc, errors.DistTimeoutError) else DistBackendError
+        converted = kind(*exc.args)
     converted.__cause__ = exc.__cause__
     converted.__suppress_context__ = True
     return converted.with_traceback(exc.__traceback__)

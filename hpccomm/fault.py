@@ -1,0 +1,161 @@
+"""Going on after a rank dies: ``revoke``, ``agree`` and ``shrink_group``.
+
+With an MPI library that reports process failures (ULFM: Open MPI's ``mpirun --with-ft
+ulfm``), an operation whose group lost a rank raises
+:class:`~hpccomm.errors.ProcessFailedError` on every surviving member (the first rank to
+notice revokes the group, so nobody waits for the dead one). The survivors then call
+:func:`shrink_group` and carry on with the group it returns; :func:`agree` lets them
+decide together (a fault-tolerant AND) whether, say, a step completed everywhere.
+
+``shrink_group`` has torch 2.13's signature. With ``ranks_to_exclude=None`` it drops the
+failed ranks (ULFM's ``MPI_Comm_shrink``); with a list of group ranks it is a planned
+exclusion without any failure (``MPI_Comm_create_group`` over the remaining members,
+any MPI library), which the excluded ranks do not call. Shrinking the default group makes
+the result the new default group: its ranks are renumbered (``get_rank()`` is this
+process's place among the survivors) and every other group is destroyed, as torch does.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Union
+
+from . import rendezvous
+from .errors import DistValueError
+from .group import ProcessGroup, _make_group, _mpi, destroy, registry, resolve
+from .types import timeout_seconds
+
+#: torch's ``shrink_flags`` values; hpccomm revokes the group in both cases, which is
+#: what ``SHRINK_ABORT`` asks of NCCL.
+SHRINK_DEFAULT, SHRINK_ABORT = 0, 1
+
+
+def ulfm(op: str, pg: ProcessGroup) -> Any:
+    """The ULFM helpers, or a clear error naming ``op`` where the job has no ULFM."""
+    from .backends import mpi_ft
+
+    if not mpi_ft.enabled():
+        raise mpi_ft.unavailable(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
+                                 f"'{pg.group_name}'")
+    return mpi_ft
+
+
+def is_fault_tolerant() -> bool:
+    """Whether this job's ranks survive the death of one of them: the MPI library
+    reports process failures (ULFM turned on), so :func:`shrink_group` with ``None``,
+    :func:`revoke` and :func:`agree` work. Initializes MPI if needed."""
+    from .backends import mpi_ft
+
+    return mpi_ft.enabled()
+
+
+def _where(op: str, pg: ProcessGroup) -> str:
+    return f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group '{pg.group_name}'"
+
+
+def revoke(group: Any = None) -> None:
+    """Revoke ``group`` on every rank: each member's pending and later operations on it
+    fail with :class:`~hpccomm.errors.ProcessFailedError`. Needs ULFM. hpccomm revokes a
+    group itself when one of its operations meets a failed rank; call this to stop the
+    others for a reason of your own (a rank that found its state corrupt, say)."""
+    pg = resolve(group, "revoke")
+    ulfm("revoke", pg).revoke(pg.comm)
+
+
+def agree(flag: Union[bool, int], group: Any = None,
+          timeout: Any = None) -> Union[bool, int]:
+    """A fault-tolerant AND of ``flag`` over the live members of ``group``.
+
+    Every live member must call it; failed ranks are left out, even those that fail
+    during the call, and a revoked group still agrees. A ``bool`` gives the logical AND,
+    an ``int`` (32-bit) the bitwise AND. Needs ULFM.
+    """
+    pg = resolve(group, "agree")
+    ft = ulfm("agree", pg)
+    if not isinstance(flag, (bool, int)) or not -2 ** 31 <= int(flag) < 2 ** 31:
+        raise pg.error("agree", f"flag must be a bool or a 32-bit int, got {flag!r}")
+    seconds = timeout_seconds(timeout, pg.timeout)
+    value = ft.agree(pg.comm, int(flag), seconds, _where("agree", pg))
+    return bool(value & 1) if isinstance(flag, bool) else value
+
+
+def shrink_group(ranks_to_exclude: Optional[List[int]] = None, group: Any = None,
+                 shrink_flags: int = SHRINK_DEFAULT, pg_options: Any = None) -> ProcessGroup:
+    """A new group of ``group``'s members without ``ranks_to_exclude`` (group ranks), or
+    without its failed ranks when ``ranks_to_exclude`` is ``None`` (needs ULFM).
+
+    Members keep their order. Excluded ranks must not call it. Shrinking the default
+    group makes the result the new default (ranks renumbered; every other group is
+    destroyed); any other group is destroyed and replaced by the result.
+    """
+    pg = resolve(group, "shrink_group")
+    return _replace(pg, survivors(pg, ranks_to_exclude, shrink_flags),
+                    failed=ranks_to_exclude is None)
+
+
+def survivors(pg: ProcessGroup, ranks_to_exclude: Optional[List[int]] = None,
+              shrink_flags: int = SHRINK_DEFAULT) -> Any:
+    """The MPI communicator of :func:`shrink_group`'s result, for any ``ProcessGroup``
+    (the torch adapter's groups too); ``pg`` itself is left as it is."""
+    if shrink_flags not in (SHRINK_DEFAULT, SHRINK_ABORT):
+        raise pg.error("shrink_group", f"shrink_flags must be SHRINK_DEFAULT (0) or "
+                                       f"SHRINK_ABORT (1), got {shrink_flags!r}")
+    if ranks_to_exclude is None:
+        ft = ulfm("shrink_group", pg)
+        return ft.shrink(pg.comm, pg.timeout, _where("shrink_group", pg))
+    return _without(pg, _excluded(pg, ranks_to_exclude))
+
+
+def _excluded(pg: ProcessGroup, ranks: Any) -> List[int]:
+    """``ranks`` checked as torch checks them (a non-empty list of distinct group ranks,
+    not all of them, not this rank)."""
+    op = "shrink_group"
+    if not isinstance(ranks, list):
+        raise TypeError(f"hpccomm.{op}: ranks_to_exclude must be a list of group ranks or "
+                        f"None, got {type(ranks).__name__}")
+    if not ranks:
+        raise pg.error(op, "ranks_to_exclude cannot be empty (None excludes the failed ranks)")
+    for rank in ranks:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < pg.size():
+            raise pg.error(op, f"rank {rank!r} in ranks_to_exclude is not a group rank "
+                               f"(group size {pg.size()})")
+    if len(set(ranks)) != len(ranks):
+        raise pg.error(op, f"ranks_to_exclude {ranks} contains duplicates")
+    if len(ranks) >= pg.size():
+        raise pg.error(op, "cannot exclude every rank of the group")
+    if pg.rank() in ranks:
+        raise DistValueError(f"{_where(op, pg)}: this rank is in ranks_to_exclude; excluded "
+                             f"ranks must not call shrink_group")
+    return sorted(ranks)
+
+
+def _without(pg: ProcessGroup, excluded: List[int]) -> Any:
+    """The communicator of ``pg``'s members but ``excluded``; only they take part."""
+    if pg.comm is not None and _revoked(pg.comm):
+        raise pg.error("shrink_group", "the group was revoked after a rank failed: call "
+                                       "shrink_group(None) to drop the failed ranks, then "
+                                       "exclude more ranks from the group it returns")
+    members = [r for r in range(pg.size()) if r not in excluded]
+    rendezvous.meet_members(pg, members, "shrink_group", None)
+    tag = (hash(tuple(members)) & 0x3FFF) + 1
+    return _mpi().create_subcomm(pg.comm, members, tag)
+
+
+def _revoked(comm: Any) -> bool:
+    is_revoked = getattr(comm, "Is_revoked", None)
+    if is_revoked is None:
+        return False
+    try:
+        return bool(is_revoked())
+    except Exception:  # an MPI without ULFM's query
+        return False
+
+
+def _replace(pg: ProcessGroup, comm: Any, failed: bool) -> ProcessGroup:
+    """The group of ``comm`` in place of ``pg`` (the default group if ``pg`` is it)."""
+    backend, desc = pg.backend_string(), f"{pg.group_desc}:shrunk"
+    if pg is registry.world:
+        from .init import replace_default_group
+
+        return replace_default_group(comm, desc, failed)
+    name, timeout = f"{pg.group_name}:shrunk", pg.timeout  # the same on every member
+    destroy(pg)
+    return _make_group(comm, name, timeout, backend, desc, "shrink_group")

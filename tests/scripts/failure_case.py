@@ -1,0 +1,205 @@
+"""Programs that fail on purpose, for tests/test_failures.py: ``mpiexec -n N python this.py CASE``.
+
+Each case makes one rank fail while the others wait in a collective, the way real
+programs fail: an uncaught exception (plain hpccomm, a thread, torch with its own
+excepthook on top of hpccomm's), or a rank that dies without a word (SIGKILL,
+``os._exit``) in the middle of a loop of collectives. The test checks that the
+traceback reaches the launcher's output and that no rank outlives the bound.
+"""
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+CASE = sys.argv[1]
+#: The group timeout of every case: long, so that only the abort can end the job fast.
+TIMEOUT = float(os.environ.get("CASE_TIMEOUT", "120"))
+#: The rank that fails.
+VICTIM = int(os.environ.get("CASE_VICTIM", "1"))
+
+
+T0 = time.monotonic()
+
+
+def say(rank, *parts):
+    """One ``RESULT`` line, written with one system call (``t=``: seconds since start)."""
+    sys.stdout.flush()
+    os.write(1, (" ".join(["RESULT", f"rank={rank}", f"t={time.monotonic() - T0:.2f}",
+                           *parts]) + "\n").encode())
+
+
+def plain():
+    import hpccomm as dist
+
+    dist.init_process_group(timeout=TIMEOUT)
+    return dist, dist.get_rank(), lambda: dist.all_reduce(np.ones(4))
+
+
+def torch_group(init_method):
+    import torch
+    import torch.distributed as tdist
+
+    import hpccomm.torch  # noqa: F401 (registers backend "hpccomm")
+
+    if init_method == "env://":
+        from mpi4py import MPI
+
+        os.environ.update(RANK=str(MPI.COMM_WORLD.Get_rank()),
+                          WORLD_SIZE=str(MPI.COMM_WORLD.Get_size()), MASTER_ADDR="127.0.0.1")
+    import datetime
+
+    tdist.init_process_group("hpccomm", init_method=init_method,
+                             timeout=datetime.timedelta(seconds=TIMEOUT))
+    assert torch  # noqa
+    return tdist, tdist.get_rank(), lambda: tdist.all_reduce(torch.ones(4))
+
+
+def exception(setup):
+    """The victim raises; the others wait in an all_reduce with a long timeout."""
+    _, rank, collective = setup()
+    collective()
+    if rank == VICTIM:
+        raise ValueError(f"boom on purpose in rank {rank}")
+    say(rank, "waiting")
+    collective()
+    say(rank, "not reached")
+
+
+def thread_exception():
+    """A thread of the victim raises while its main thread, like the others', waits."""
+    dist, rank, collective = plain()
+    collective()
+    if rank == VICTIM:
+        def work():
+            raise ValueError(f"boom on purpose in a thread of rank {rank}")
+
+        threading.Thread(target=work, name="loader").start()
+        time.sleep(TIMEOUT)  # the abort must end this
+    say(rank, "waiting")
+    collective()
+    say(rank, "not reached")
+
+
+def dies(how):
+    """The victim dies without a word in the middle of a loop of collectives."""
+    dist, rank, _ = plain()
+    x = np.ones(1024)
+    for step in range(1 << 30):
+        if rank == VICTIM and step == 20:
+            say(rank, "event=dying", f"how={how}", f"pid={os.getpid()}")
+            if how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(3)
+        dist.all_reduce(x)
+        x[:] = 1
+
+
+def survive():
+    """ULFM: the victim dies in a loop of all_reduces; the survivors must each raise
+    ProcessFailedError naming it, shrink, agree and go on (planned exclusion too)."""
+    dist, rank, _ = plain()
+    size = dist.get_world_size()
+    x = np.ones(1024)
+    try:
+        for step in range(1 << 30):
+            if rank == VICTIM and step == 20:
+                os.kill(os.getpid(), signal.SIGKILL)
+            start = time.monotonic()
+            dist.all_reduce(x)
+            x[:] = 1
+    except dist.ProcessFailedError as exc:
+        say(rank, f"elapsed={time.monotonic() - start:.3f}", f"failed={exc.failed_ranks}",
+            "error=" + str(exc).replace("\n", " "))
+    world = dist.shrink_group()
+    assert world is dist.group.WORLD and world.size() == size - 1, world
+    assert dist.get_rank() == [r for r in range(size) if r != VICTIM].index(rank)
+    y = np.full(3, float(rank))
+    dist.all_reduce(y)
+    both = dist.agree(True), dist.agree(dist.get_rank() != 0), dist.agree(0b110 | (rank & 1))
+    mesh = dist.init_device_mesh("cpu", (world.size(),), mesh_dim_names=("dp",))
+    z = np.ones(2)
+    dist.all_reduce(z, group=mesh.get_group("dp"))
+    last = world.size() - 1
+    if dist.get_rank() != last:  # planned exclusion: the excluded rank does not call it
+        smaller = dist.shrink_group([last])
+        w = np.ones(1)
+        dist.all_reduce(w)
+        say(rank, f"new_rank={dist.get_rank()}", f"sum={y[0]:g}", f"agree={list(both)}",
+            f"mesh={z[0]:g}", f"planned={smaller.size()},{w[0]:g}")
+        dist.destroy_process_group()
+    else:  # excluded: end the process (normally: MPI_Finalize), as torch tells them to
+        say(rank, "event=excluded")
+
+
+def survive_p2p():
+    """ULFM: rank 0 waits to receive from the victim, which dies; the others wait in a
+    barrier. Rank 0's recv names the victim and revokes the group: the others raise too."""
+    dist, rank, _ = plain()
+    dist.barrier()
+    start = time.monotonic()
+    try:
+        if rank == VICTIM:
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif rank == 0:
+            dist.recv(np.empty(4), src=VICTIM)
+        else:
+            dist.barrier()
+        say(rank, "no error")
+    except dist.ProcessFailedError as exc:
+        say(rank, f"elapsed={time.monotonic() - start:.3f}", f"failed={exc.failed_ranks}",
+            "error=" + str(exc).replace("\n", " "))
+
+
+def torch_survive():
+    """ULFM under torch: the survivors' all_reduce raises torch's DistBackendError (also
+    hpccomm's ProcessFailedError); hpccomm.torch.shrink_group gives a new default group
+    of the survivors, on which DDP trains."""
+    import torch
+    import torch.distributed as tdist
+
+    import hpccomm.torch as ht
+
+    tdist, rank, _ = torch_group("mpi://")
+    size = tdist.get_world_size()
+    x = torch.ones(256)
+    try:
+        for step in range(1 << 30):
+            if rank == VICTIM and step == 10:
+                os.kill(os.getpid(), signal.SIGKILL)
+            tdist.all_reduce(x)
+            x.fill_(1)
+    except tdist.DistBackendError as exc:
+        assert isinstance(exc, ht.ProcessFailedError), type(exc)
+        say(rank, f"failed={exc.failed_ranks}", f"type={type(exc).__name__}")
+    say(rank, "event=shrinking")
+    world = ht.shrink_group()
+    say(rank, "event=shrunk")
+    assert world is tdist.group.WORLD and tdist.get_world_size() == size - 1
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    model(torch.full((2, 4), float(tdist.get_rank()))).sum().backward()
+    grads = [torch.empty_like(model.module.weight.grad) for _ in range(tdist.get_world_size())]
+    tdist.all_gather(grads, model.module.weight.grad)
+    same = all(torch.equal(g, grads[0]) for g in grads)
+    say(rank, f"new_rank={tdist.get_rank()}", f"size={tdist.get_world_size()}",
+        f"ddp_same_grads={same}", f"agree={ht.agree(True)}")
+    tdist.destroy_process_group()
+
+
+CASES = {
+    "exception": lambda: exception(plain),
+    "thread_exception": thread_exception,
+    "torch_mpi_exception": lambda: exception(lambda: torch_group("mpi://")),
+    "torch_env_exception": lambda: exception(lambda: torch_group("env://")),
+    "sigkill": lambda: dies("sigkill"),
+    "exit": lambda: dies("exit"),
+    "survive": survive,
+    "survive_p2p": survive_p2p,
+    "torch_survive": torch_survive,
+}
+
+if __name__ == "__main__":
+    CASES[CASE]()
