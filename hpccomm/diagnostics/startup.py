@@ -7,6 +7,7 @@ one rank, and at debug level INFO logs the start-up facts on every rank.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict
 
 from .. import observe
@@ -27,11 +28,12 @@ class Startup(observe.Observer):
             excepthook.install()
         if debug.level >= DebugLevel.INFO:
             debug.logger.info(
-                "hpccomm: rank %d/%d initialized on %s; MPI library: %s; thread level %s; "
-                "backends %s; store %s; timeout %s; debug level %s; flight recorder %s; "
-                "abort on uncaught exception: %s; cores: %s", world.rank(), size,
-                facts.get("host"), facts.get("MPI library"), facts.get("thread level"),
-                facts.get("backends"), facts.get("store"), facts.get("timeout"),
+                "hpccomm: rank %d/%d (pid %d) initialized on %s; MPI library: %s; thread "
+                "level %s; backends %s; store %s; timeout %s; debug level %s; flight recorder "
+                "%s; abort on uncaught exception: %s; cores: %s", world.rank(), size,
+                os.getpid(), facts.get("host"), facts.get("MPI library"),
+                facts.get("thread level"), facts.get("backends"), facts.get("store"),
+                facts.get("timeout"),
                 debug.level.name, _recorder_state(), _abort_state(size), facts.get("cores"))
 
 
