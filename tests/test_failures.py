@@ -99,14 +99,13 @@ def test_a_dead_rank_ends_the_job_within_a_bound(n, how):
     vendor = mpi_vendor()
     code, output, elapsed = run(how, n=n, limit=JOB_END_S + 30)
     assert elapsed < JOB_END_S and code != 0, (code, elapsed, output)
-    victim = results(output).get(1, {"pid": "?"})  # its last words, if forwarded
     # Who says which rank died, by library (docs/never-hang.md, "When a rank dies").
     if vendor == "Open MPI":
         assert re.search(r"process rank 1 with PID|Process name: \[\S+,1\]", output), output
-    elif how == "sigkill" and vendor == "MPICH":
-        assert f"PID {victim['pid']} RUNNING AT" in output, output
+    elif how == "sigkill" and vendor == "MPICH":  # a PID, not always the dead one's
+        assert re.search(r"PID \d+ RUNNING AT", output), output
     elif how == "sigkill" and vendor == "Intel MPI":
-        assert re.search(rf"RANK 1 PID {victim['pid']} RUNNING AT", output), output
+        assert re.search(r"RANK 1 PID \d+ RUNNING AT", output), output
 
 
 # -- survivors carry on (ULFM) -----------------------------------------------------------------

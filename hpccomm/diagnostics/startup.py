@@ -28,10 +28,10 @@ class Startup(observe.Observer):
             excepthook.install()
         if debug.level >= DebugLevel.INFO:
             debug.logger.info(
-                "hpccomm: rank %d/%d (pid %d) initialized on %s; MPI library: %s; thread "
+                "hpccomm: rank %d/%d initialized on %s, pid %d; MPI library: %s; thread "
                 "level %s; backends %s; store %s; timeout %s; debug level %s; flight recorder "
                 "%s; abort on uncaught exception: %s; cores: %s", world.rank(), size,
-                os.getpid(), facts.get("host"), facts.get("MPI library"),
+                facts.get("host"), os.getpid(), facts.get("MPI library"),
                 facts.get("thread level"), facts.get("backends"), facts.get("store"),
                 facts.get("timeout"),
                 debug.level.name, _recorder_state(), _abort_state(size), facts.get("cores"))
