@@ -41,6 +41,38 @@ def test_recv_from_any_source_returns_sender(dist, rank, size):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_recv_from_any_source_round_after_round(dist, rank, size):
+    """Many rounds of receives from any source: across nodes (MPICH), a wildcard
+    receive tested while rank 0's store thread probed was lost in most such jobs."""
+    for round_ in range(30):
+        if rank == 0:
+            got = sorted(dist.recv(np.zeros(2), tag=22) for _ in range(size - 1))
+            assert got == list(range(1, size)), (round_, got)
+        else:
+            dist.send(np.full(2, float(rank)), dst=0, tag=22)
+        dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_receives_from_any_source_match_in_posting_order(dist, rank, size):
+    """Two pending receives from any source take the messages in the order they were
+    posted, whichever is waited for first (MPI's ordering of posted receives; one
+    sender's messages never overtake each other)."""
+    if rank == 0:
+        first, second = np.zeros(1), np.zeros(1)
+        works = dist.irecv(first, tag=23), dist.irecv(second, tag=23)
+        dist.send(np.zeros(1), dst=1, tag=24)  # now rank 1 may send
+        works[1].wait()
+        works[0].wait()
+        assert (first[0], second[0]) == (1.0, 2.0)
+    elif rank == 1:
+        dist.recv(np.zeros(1), src=0, tag=24)
+        dist.send(np.ones(1), dst=0, tag=23)
+        dist.send(np.full(1, 2.0), dst=0, tag=23)
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_isend_irecv_ring(dist, rank, size):
     right, left = (rank + 1) % size, (rank - 1) % size
     out = np.full(3, float(rank))

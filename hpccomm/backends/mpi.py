@@ -31,6 +31,7 @@ from ..types import RedOpType
 from .. import work as _work
 from ..work import Started, Work, chain
 from . import mpi_direct, mpi_gate
+from .mpi_anysource import AnySourceQueue
 from .base import Communicator
 
 IN_PLACE = MPI.IN_PLACE
@@ -186,6 +187,7 @@ class MPICommunicator(Communicator):
                              if self.direct_types else 0)
         self._handle = mpi_direct.handle(comm)
         self._direct_sum = mpi_direct.function()
+        self._any_source = AnySourceQueue(comm)
 
     def _collective(self, nbytes: int, finish: Optional[Callable[[], Any]],
                     call: Callable[..., Any], *args: Any) -> Started:
@@ -340,9 +342,8 @@ class MPICommunicator(Communicator):
         mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)
         if src is not None:
             return _start(None, self.comm.Irecv, [buf, mpitype], src, tag)
-        status = MPI.Status()
-        test, _, keep = _start(None, self.comm.Irecv, [buf, mpitype], ANY_SOURCE, tag)
-        return (lambda: test(status)), status.Get_source, keep
+        receive = self._any_source.post([buf, mpitype], tag)  # see .mpi_anysource
+        return receive, receive.get_source, buf
 
     # -- life cycle -------------------------------------------------------------------
     def shutdown(self) -> None:
