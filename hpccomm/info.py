@@ -90,6 +90,34 @@ def mpi_section() -> Section:
     return section
 
 
+def placement_section() -> Section:
+    """Where the job's ranks run, as hpccomm's decisions see it (collective over the
+    world: under a launcher every rank must run ``hpccomm info``)."""
+    from mpi4py import MPI
+
+    from .backends import mpi_ft, placement, shm
+
+    where = placement.placement(MPI.COMM_WORLD)
+    world = MPI.COMM_WORLD.Get_size()
+    if world < 2:
+        memory = "off: a world of one"
+    elif mpi_ft.enabled():
+        memory = "off: ULFM is on (only MPI reports a dead peer)"
+    elif not shm.enabled():
+        memory = f"off: {shm.ENABLE_ENV} says so"
+    elif where.nodes > 1:
+        memory = (f"off for the default group: its ranks span {where.nodes} nodes (groups "
+                  f"within one node use it)")
+    else:
+        memory = "on for large collectives of the default group (one node)"
+    return {"nodes": where.nodes, "ranks on this node": where.local_size,
+            "ranks on this host": where.host_ranks, "CPUs they may use": where.cpus,
+            "bound to CPUs": "yes" if where.bound else "no",
+            "crowded (waits yield often)": "yes" if where.crowded else "no",
+            "simulated nodes": placement.simulated_nodes() or "no",
+            "shared memory": memory}
+
+
 def _gated(vendor: str) -> str:
     """Which synchronous collectives use gated blocking calls, from which size."""
     from .backends import mpi_gate
@@ -173,6 +201,7 @@ def collect(mpi: bool = True) -> Dict[str, Section]:
     """Every section of the report; ``mpi=False`` skips probing (initializing) MPI."""
     probes = {"hpccomm": hpccomm_section, "Python": python_section,
               "MPI": mpi_section if mpi else (lambda: {"skipped": "--no-mpi"}),
+              "placement": placement_section if mpi else (lambda: {"skipped": "--no-mpi"}),
               "launchers": launcher_section, "CuPy / NCCL / GPUs": gpu_section,
               "h5py": h5py_section, "Slurm variables": slurm_section,
               "environment": env_section}

@@ -30,9 +30,6 @@ from .work import POLLS_SHARED, set_oversubscribed
 
 logger = logging.getLogger("hpccomm")
 
-#: ``1``/``0``: treat this node as oversubscribed or not, whatever the CPU count says.
-OVERSUBSCRIBED_ENV = "HPCCOMM_OVERSUBSCRIBED"
-
 
 def is_available() -> bool:
     """Whether hpccomm can be used here: mpi4py is installed."""
@@ -204,7 +201,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     except BaseException:
         destroy_process_group()
         raise
-    shared = _share_cores(mpi, world_comm)
+    shared = poll_policy(world_comm)
     report_initialized(pg, seconds, shared, type(registry.store).__name__)
 
 
@@ -224,21 +221,18 @@ _THREAD_LEVELS = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
                   2: "MPI_THREAD_SERIALIZED", 3: "MPI_THREAD_MULTIPLE"}
 
 
-def _share_cores(mpi: Any, world_comm: Any) -> str:
-    """Set how waits poll: yield often when this node runs more ranks than it has CPUs.
+def poll_policy(world_comm: Any) -> str:
+    """Set how waits poll from where the world's ranks run: yield often when this node
+    runs more ranks than they have CPUs together (:mod:`.backends.placement`, which
+    ``HPCCOMM_OVERSUBSCRIBED=1``/``0`` overrides). Collective over ``world_comm``;
+    returns a phrase for the start-up facts."""
+    from .backends import placement
 
-    ``HPCCOMM_OVERSUBSCRIBED=1``/``0`` overrides the measurement. Returns a phrase for the
-    start-up facts.
-    """
-    forced = os.environ.get(OVERSUBSCRIBED_ENV, "").strip()
-    local, cpus = mpi.node_cores(world_comm)
-    shared = forced == "1" if forced in ("0", "1") else local > cpus
-    set_oversubscribed(shared)
-    how = f"{local} rank{'s' if local != 1 else ''} on {cpus} CPUs of this node"
-    if forced in ("0", "1"):
-        how += f", {OVERSUBSCRIBED_ENV}={forced}"
-    return ("oversubscribed: waits yield every "
-            f"{POLLS_SHARED} polls ({how})" if shared else f"one core per rank ({how})")
+    where = placement.world = placement.placement(world_comm)
+    crowded = where.crowded
+    set_oversubscribed(crowded)
+    return (f"oversubscribed: waits yield every {POLLS_SHARED} polls ({where.describe()})"
+            if crowded else f"one core per rank ({where.describe()})")
 
 
 def get_default_store() -> Any:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpccomm import _launcher_env, _rank_env, excepthook, launch
-from launcher_env import without_launcher
+from launcher_env import mpiexec, without_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = """\
@@ -355,6 +355,27 @@ def test_info_reports_mpi_and_environment():
     assert report["h5py"].get("parallel (MPI) HDF5") in (False, None) or "h5py" in report["h5py"]
     from hpccomm import __version__
     assert report["hpccomm"]["version"] == __version__
+    placement = report["placement"]  # one process: one node, one rank, shared memory off
+    assert (placement["nodes"], placement["ranks on this node"]) == (1, 1), placement
+    assert placement["shared memory"] == "off: a world of one"
+
+
+def test_info_reports_the_placement_of_simulated_nodes():
+    env = _env(HPCCOMM_NODES="2")
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "hpccomm", "info",
+                           "--json"], capture_output=True, text=True, timeout=90, env=env)
+    assert done.returncode == 0, done.stderr
+    decoder, text, reports = json.JSONDecoder(), done.stdout, []
+    while text.strip():  # one JSON report per rank, one after the other
+        report, end = decoder.raw_decode(text.lstrip())
+        reports.append(report["placement"])
+        text = text.lstrip()[end:]
+    assert len(reports) == 2
+    for placement in reports:
+        assert placement["nodes"] == 2 and placement["ranks on this node"] == 1, placement
+        assert placement["simulated nodes"] == 2
+        assert placement["shared memory"].startswith("off for the default group: its ranks "
+                                                     "span 2 nodes"), placement
 
 
 def test_info_without_mpi_does_not_initialize_it():

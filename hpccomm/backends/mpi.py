@@ -30,7 +30,7 @@ from ..errors import DistBackendError
 from ..types import RedOpType
 from .. import work as _work
 from ..work import Started, Work, chain
-from . import mpi_direct, mpi_gate
+from . import mpi_direct, mpi_gate, placement
 from .mpi_anysource import AnySourceQueue
 from .base import Communicator
 
@@ -417,28 +417,11 @@ def split(parent: Any, color: Optional[int], key: int) -> Optional[Any]:
 
 
 def node_local(comm: Any) -> Tuple[int, int]:
-    """This rank's index and the count of ``comm``'s ranks on its node (shared memory)."""
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    """This rank's index and the count of ``comm``'s ranks on its node (shared memory,
+    or the nodes ``HPCCOMM_NODES`` simulates); collective over ``comm``."""
+    local = placement.node_comm(comm)
     try:
         return local.Get_rank(), local.Get_size()
-    finally:
-        local.Free()
-
-
-def node_cores(comm: Any) -> Tuple[int, int]:
-    """``(ranks of comm on this node, CPUs they may run on together)``; collective.
-
-    The CPUs are the union of the node's ranks' affinity masks, so ranks pinned one per
-    core count as many CPUs as ranks, and unpinned ranks count the whole node.
-    """
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        getaffinity = getattr(os, "sched_getaffinity", None)
-        mine = sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
-        cpus = set()
-        for mask in local.allgather(mine):
-            cpus.update(mask)
-        return local.Get_size(), len(cpus)
     finally:
         local.Free()
 

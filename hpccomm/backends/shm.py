@@ -47,7 +47,7 @@ from .. import work as _work
 from ..work import Started
 from . import mpi as _mpi_backend
 from .mpi import MPICommunicator
-from . import mpi_ft, shm_cma, shm_pair, shm_segment
+from . import mpi_ft, placement, shm_cma, shm_pair, shm_segment
 from .shm_algorithms import (AllGather, AllReduce, Broadcast, Collective, ReduceScatter,
                              chunks, descriptor, pair_run, tag_of)
 from .shm_reduce import Reducer
@@ -122,7 +122,7 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     """
     if comm.Get_size() < 2 or mpi_ft.enabled():  # a dead peer's memory reports nothing
         return MPICommunicator(comm, timeout)
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    node = placement.node_comm(comm)
     piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())
     need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
     fits = (enabled() and node.Get_size() == comm.Get_size() and shm_segment.available()
@@ -131,7 +131,7 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
         kernel = node.allreduce(pair_run is not None, op=MPI.LAND)  # used by all or none
         forced = _env_int(MIN_BYTES_ENV, 0)
         defaults = dict(DEFAULT_MIN_BYTES)
-        if _crowded(node.Get_size()):
+        if placement.crowded(node):  # the node's CPUs together, not this rank's mask
             defaults.update(CROWDED_MIN_BYTES)
         elif kernel and node.Get_size() == 2:
             defaults.update(KERNEL_MIN_BYTES)
@@ -143,17 +143,6 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
             pass
     node.Free()
     return MPICommunicator(comm, timeout)
-
-
-def _crowded(ranks: int) -> bool:
-    """Whether this node runs more ranks than this process may use CPUs
-    (``HPCCOMM_OVERSUBSCRIBED=1``/``0`` decides instead, as for the poll loop)."""
-    forced = os.environ.get("HPCCOMM_OVERSUBSCRIBED", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    getaffinity = getattr(os, "sched_getaffinity", None)
-    cpus = len(getaffinity(0)) if getaffinity else (os.cpu_count() or 1)
-    return ranks > cpus
 
 
 def _piece_bytes(chunk: int, size: int) -> int:

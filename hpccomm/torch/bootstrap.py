@@ -165,7 +165,7 @@ def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     if torch_ranks != list(range(size)):  # e.g. env:// with RANK set another way
         base = renumbered = _mpi().split(world, 0, rank)
     try:
-        cores = _init._share_cores(_mpi(), base)  # how waits yield when ranks outnumber cores
+        cores = _init.poll_policy(base)  # how waits yield when ranks outnumber cores
         control = HostGroup(_mpi().dup(base), name="hpccomm-torch-control",
                             world_ranks=range(size), timeout=seconds, backends=_CPU_ONLY)
         host = HostGroup(_mpi().dup(base), name=name, world_ranks=range(size),
