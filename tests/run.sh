@@ -7,7 +7,8 @@
 #   Intel MPI  .venv-impi     '.[test-impi]'           MPI tests at 1 and 2 ranks
 # (torch==2.13.0, the CPU wheel, for the PyTorch backend's tests.)
 # Each run is tests/run_suite.py: serial tests, then MPI tests under that library's
-# mpiexec at 1, 2 and 4 ranks. The last line adds the runs up; the exit status is
+# mpiexec at 1, 2 and 4 ranks; under MPICH the MPI tests run once more at 4 ranks
+# placed as 2 simulated nodes. The last line adds the runs up; the exit status is
 # non-zero if any run failed. HPCCOMM_TEST_MPIS=mpich,openmpi,impi picks the libraries;
 # extra arguments go to every tests/run_suite.py.
 set -euo pipefail
@@ -34,7 +35,11 @@ for mpi in ${MPIS//,/ }; do
     case $mpi in
         mpich)
             venv .venv test,torch
-            suite MPICH .venv mpich "$@" || status=1 ;;
+            suite MPICH .venv mpich "$@" || status=1
+            # once more as a job of two nodes (MPICH's cliques: shared memory within each
+            # half, MPI's network path between them), as clusters place ranks
+            suite "MPICH, 2 nodes" .venv mpich --ranks 4 --nodes 2 --no-serial "$@" \
+                || status=1 ;;
         openmpi)
             venv .venv-openmpi test-openmpi,torch
             # Open MPI refuses root unless told, and more ranks than cores (4 on 2).

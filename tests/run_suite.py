@@ -17,8 +17,11 @@ Several invocations (one per MPI library, say) combine into one final line: give
     python tests/run_suite.py --label openmpi --results R.jsonl
     python tests/run_suite.py --summarize R.jsonl
 
-Usage: python tests/run_suite.py [--ranks 1,2,4] [--label L] [--results FILE]
-                                 [--summarize FILE] [pytest args...]
+Usage: python tests/run_suite.py [--ranks 1,2,4] [--nodes K] [--no-serial] [--label L]
+                                 [--results FILE] [--summarize FILE] [pytest args...]
+
+``--nodes K`` runs the MPI tests as K simulated nodes of consecutive ranks (MPICH's
+cliques, else ``HPCCOMM_NODES``), as a multi-node job places them.
 """
 import argparse
 import collections
@@ -58,11 +61,26 @@ def mpiexec() -> str:
     return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
 
 
-def run(cmd, label):
+def simulated_nodes(nodes):
+    """The environment of a job whose ranks act as ``nodes`` nodes of consecutive ranks:
+    MPICH simulates them inside MPI (its cliques), other libraries through hpccomm's own
+    ``HPCCOMM_NODES``; ``None`` for one node."""
+    if nodes <= 1:
+        return None
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("mpich")
+    except importlib.metadata.PackageNotFoundError:
+        return dict(os.environ, HPCCOMM_NODES=str(nodes))
+    return dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(nodes), MPIR_CVAR_CLIQUES_BY_BLOCK="1")
+
+
+def run(cmd, label, env=None):
     print(f"\n===== {label}: {' '.join(cmd)}", flush=True)
     start = time.time()
     try:
-        code = subprocess.run(cmd, cwd=ROOT, timeout=RUN_LIMIT_S).returncode
+        code = subprocess.run(cmd, cwd=ROOT, timeout=RUN_LIMIT_S, env=env).returncode
         code = 0 if code == 5 else code  # 5: pytest collected no test
     except subprocess.TimeoutExpired:
         print(f"!!!!! {label} exceeded {RUN_LIMIT_S} s and was killed", flush=True)
@@ -192,6 +210,10 @@ def summarize(path):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="run the MPI tests as this many simulated nodes of consecutive "
+                             "ranks (MPICH's cliques; HPCCOMM_NODES for other libraries)")
+    parser.add_argument("--no-serial", action="store_true", help="run only the MPI tests")
     parser.add_argument("--label", default="default",
                         help="name of this run in combined summaries (e.g. the MPI library)")
     parser.add_argument("--results", help="append this run's outcomes to this JSON-lines file")
@@ -204,14 +226,18 @@ def main():
     os.makedirs(REPORTS)
     started = time.time()
     problems, outcomes = [], {}
-    code = run([sys.executable, "-m", "pytest", "-q", "-m", "not mpi", "-p", "no:cacheprovider",
-                f"--junitxml={REPORTS}/serial.xml", *extra], "serial tests")
-    outcomes.update(collect("serial", "serial.xml", 1, code, problems))
+    if not args.no_serial:
+        code = run([sys.executable, "-m", "pytest", "-q", "-m", "not mpi", "-p",
+                    "no:cacheprovider", f"--junitxml={REPORTS}/serial.xml", *extra],
+                   "serial tests")
+        outcomes.update(collect("serial", "serial.xml", 1, code, problems))
+    env = simulated_nodes(args.nodes)
+    placed = f" as {args.nodes} nodes" if args.nodes > 1 else ""
     for n in [int(x) for x in args.ranks.split(",") if x]:
         cmd = [mpiexec(), "-n", str(n), sys.executable, os.path.join("tests", "rank_pytest.py"),
                REPORTS, str(n), "-q", "-m", "mpi", "--with-mpi", "-p", "no:cacheprovider", *extra]
-        code = run(cmd, f"MPI tests at {n} ranks")
-        outcomes.update(collect(f"n={n}", f"n{n}-rank{{rank}}.xml", n, code, problems))
+        code = run(cmd, f"MPI tests at {n} ranks{placed}", env)
+        outcomes.update(collect(f"n={n}{placed}", f"n{n}-rank{{rank}}.xml", n, code, problems))
         for log in sorted(glob.glob(os.path.join(REPORTS, f"n{n}-rank*.log"))):
             outcomes_here = rank_outcomes(log[:-4] + ".xml")
             if outcomes_here is None or any(o == "failed" for o, _ in outcomes_here.values()):

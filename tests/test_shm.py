@@ -1,12 +1,15 @@
 """The shared-memory path: every op, dtype and reduction against MPI and NumPy.
 
-Two groups of all ranks are made side by side: one that takes the shared-memory path
+Two groups of this node's ranks are made side by side (every rank on one machine; half
+of them where the job runs as two simulated nodes, since shared memory serves the ranks
+of one node): one that takes the shared-memory path
 for every message (``HPCCOMM_SHM_MIN_BYTES=1``) with tiny ring slots
 (``HPCCOMM_SHM_CHUNK``), so odd sizes cross many chunks and the ring wraps around, and
 one with ``HPCCOMM_SHM=0``, plain MPI. Integer and boolean results must equal the exact
 reduction bit for bit (NumPy over every rank's gathered input: what a correct MPI
 returns), floating ones MPI's up to the order of additions, and every rank of the
-shared-memory group must hold the same bits. At one rank the groups are plain MPI (nothing to share).
+shared-memory group must hold the same bits. At one rank the groups are plain MPI
+(nothing to share). ``rank`` and ``size`` here are this rank's place in its node's group.
 Failure scenarios (a rank that dies mid-collective, one that never comes) run as their
 own jobs from tests/scripts/shm_case.py.
 """
@@ -88,22 +91,54 @@ def environment(**values):
                 os.environ[name] = value
 
 
+@pytest.fixture(scope="module")
+def members(world):
+    """The global ranks of this rank's node, in order (as hpccomm places them)."""
+    from mpi4py import MPI
+
+    from hpccomm.backends import placement
+
+    node = placement.node_comm(world.comm)
+    try:
+        mine = node.Get_group()
+        ours = world.comm.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(mine, list(range(node.Get_size())), ours))
+        finally:
+            mine.Free()
+            ours.Free()
+    finally:
+        node.Free()
+
+
+@pytest.fixture
+def rank(dist, members):
+    """This rank's place among its node's ranks (the groups' rank)."""
+    return members.index(dist.get_rank())
+
+
+@pytest.fixture
+def size(members):
+    """The number of ranks on this node (the groups' size)."""
+    return len(members)
+
+
 @pytest.fixture(scope="module", params=["staged", "in place"])
-def groups(world, request):
+def groups(world, members, request):
     """``(shared-memory group, plain MPI group)``, both of every rank. The shared-memory
     group either copies private arrays into shared memory ("staged": what it does where
     processes cannot read each other's memory) or reads them in place by cross-memory
     attach where the kernel allows it (else it stages too)."""
     import hpccomm as dist
 
-    ranks = list(range(dist.get_world_size()))
+    ranks = members
     cma = "1" if request.param == "in place" else "0"
     with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1, HPCCOMM_SHM_CHUNK=1024,
                      HPCCOMM_SHM_CMA=cma):
         shm = dist.new_group(ranks)
     with environment(HPCCOMM_SHM="0"):
         plain = dist.new_group(ranks)
-    if request.param == "staged" and dist.get_world_size() > 1:
+    if request.param == "staged" and len(members) > 1:
         assert shm.cpu.pids is None  # HPCCOMM_SHM_CMA=0: no cross-memory attach
     yield shm, plain
     dist.destroy_process_group(shm)
@@ -117,7 +152,7 @@ def exact(dist, plain, data, op):
     the reference for these.)"""
     from hpccomm.backends.shm_reduce import _ARITH, _LOGICAL
 
-    size = dist.get_world_size()
+    size = plain.size()
     every = np.empty(data.size * size, data.dtype)
     dist.all_gather_into_tensor(every, data, group=plain)  # moves bytes only
     rows = every.reshape(size, -1)
@@ -131,9 +166,9 @@ def exact(dist, plain, data, op):
 def same_everywhere(dist, plain, arr):
     """Every rank holds the same bytes in ``arr``."""
     mine = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
-    every = np.empty(mine.size * dist.get_world_size(), np.uint8)
+    every = np.empty(mine.size * plain.size(), np.uint8)
     dist.all_gather_into_tensor(every, mine, group=plain)
-    rows = every.reshape(dist.get_world_size(), -1)
+    rows = every.reshape(plain.size(), -1)
     assert (rows == rows[0]).all(), "ranks disagree on the result"
 
 
@@ -148,14 +183,14 @@ def test_groups_take_the_path_they_should(groups, size):
 
 @pytest.mark.mpi(min_size=2)
 def test_default_thresholds_keep_small_messages_and_broadcast_on_mpi(dist, size):
-    from hpccomm.backends import shm
+    from hpccomm.backends import placement, shm
 
     cpu = dist.group.WORLD.cpu
     if not isinstance(cpu, shm.SharedMemoryCommunicator) or os.environ.get(
             "HPCCOMM_SHM_MIN_BYTES"):
         pytest.skip("the default group does not use the default thresholds here")
     defaults = dict(shm.DEFAULT_MIN_BYTES)
-    if shm._crowded(size):
+    if placement.crowded(dist.group.WORLD.comm):
         defaults.update(shm.CROWDED_MIN_BYTES)
     elif size == 2 and shm.pair_run is not None:
         defaults.update(shm.KERNEL_MIN_BYTES)
@@ -379,9 +414,9 @@ def test_a_rank_blocked_in_mpi_still_does_its_part_of_shared_memory_work(groups,
 
 
 @pytest.mark.mpi(min_size=2)
-def test_memory_barriers_path(dist, rank, size):
+def test_memory_barriers_path(dist, members, rank, size):
     """The ``MPI_Win_sync`` barriers that non-x86 processors need, forced on here."""
-    ranks = list(range(size))
+    ranks = members
     with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1, HPCCOMM_SHM_CHUNK=512,
                      HPCCOMM_SHM_FENCE=1):
         fenced = dist.new_group(ranks)
@@ -398,8 +433,8 @@ def test_memory_barriers_path(dist, rank, size):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_mismatched_sizes_are_an_error_not_a_hang(dist, rank, size):
-    ranks = list(range(size))
+def test_mismatched_sizes_are_an_error_not_a_hang(dist, members, rank, size):
+    ranks = members
     with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1):
         group = dist.new_group(ranks, timeout=10)
     try:
@@ -414,11 +449,11 @@ def test_mismatched_sizes_are_an_error_not_a_hang(dist, rank, size):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_switched_off_and_empty_fall_back(dist, size):
+def test_switched_off_and_empty_fall_back(dist, members, size):
     import hpccomm.shm
 
     with environment(HPCCOMM_SHM="0"):
-        off = dist.new_group(list(range(size)))
+        off = dist.new_group(members)
     try:
         arr = hpccomm.shm.empty((2, 3), np.float64, group=off)
         assert arr.shape == (2, 3) and not hpccomm.shm.is_shared(arr, group=off)
