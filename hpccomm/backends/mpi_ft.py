@@ -106,8 +106,39 @@ def failed_peers(comm: Any, exc: BaseException) -> Optional[List[int]]:
     that no other rank waits on it) and return its ranks known to have failed."""
     if comm is None or not is_failure(exc) or not enabled():
         return None
+    _bound_finalize()
     revoke(comm)
     return failed_ranks(comm, NAMING_WAIT_S)
+
+
+#: Seconds that the exit of a process that saw a failure may take, ``MPI_Finalize``
+#: included.
+FINALIZE_LIMIT_S = 20
+_finalize_bounded = False
+
+
+def _bound_finalize() -> None:
+    """Once a process failure was seen: bound this process's exit. Open MPI 5's ULFM
+    ``MPI_Finalize`` was seen to wait for ever on the survivors of a failure (about 1
+    run in 15 of the elastic example on a busy machine), and it holds the GIL, so no
+    Python thread could end it: an exit handler arms ``alarm(FINALIZE_LIMIT_S)`` with
+    SIGALRM's default action, which ends a process still finalizing then (the
+    launcher, under ULFM, takes that as one more failed process and ends the job)."""
+    global _finalize_bounded
+    if _finalize_bounded:
+        return
+    _finalize_bounded = True
+    import atexit
+
+    atexit.register(_arm_exit_alarm)
+
+
+def _arm_exit_alarm() -> None:
+    import signal
+
+    if hasattr(signal, "alarm"):
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(FINALIZE_LIMIT_S)
 
 
 def revoke(comm: Any) -> None:
