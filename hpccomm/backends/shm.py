@@ -5,9 +5,9 @@ that runs all_reduce, reduce_scatter, all_gather and broadcast above a size thre
 per operation through shared memory (:mod:`.shm_algorithms`) and everything else, and
 every smaller message, through MPI as before. :func:`cpu_communicator` is what the group
 layer calls for the "mpi" backend's CPU arrays: it picks this class when the group has
-two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; otherwise the plain
-MPI communicator (groups that span nodes stay on MPI, whose own algorithms are
-hierarchical).
+two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; a group that spans
+nodes with two or more of its ranks on each gets :mod:`.shm_hier`'s hierarchical
+all_reduce; otherwise the plain MPI communicator.
 
 Operations return ``(test, finish, keep)`` like every host-side backend: ``test()``
 advances the operation's state machine without waiting, so the caller's deadline,
@@ -47,7 +47,7 @@ from .. import work as _work
 from ..work import Started
 from . import mpi as _mpi_backend
 from .mpi import MPICommunicator
-from . import mpi_ft, placement, shm_cma, shm_pair, shm_segment
+from . import mpi_ft, placement, shm_cma, shm_hier, shm_pair, shm_segment
 from .shm_algorithms import (AllGather, AllReduce, Broadcast, Collective, ReduceScatter,
                              chunks, descriptor, pair_run, tag_of)
 from .shm_reduce import Reducer
@@ -123,10 +123,11 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     if comm.Get_size() < 2 or mpi_ft.enabled():  # a dead peer's memory reports nothing
         return MPICommunicator(comm, timeout)
     node = placement.node_comm(comm)
+    if node.Get_size() < comm.Get_size():  # the group spans nodes (every rank sees it)
+        return _across_nodes(comm, timeout, node)
     piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())
     need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
-    fits = (enabled() and node.Get_size() == comm.Get_size() and shm_segment.available()
-            and shm_segment.space_ok(need))
+    fits = enabled() and shm_segment.available() and shm_segment.space_ok(need)
     if node.allreduce(fits, op=MPI.LAND):
         kernel = node.allreduce(pair_run is not None, op=MPI.LAND)  # used by all or none
         forced = _env_int(MIN_BYTES_ENV, 0)
@@ -143,6 +144,37 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
             pass
     node.Free()
     return MPICommunicator(comm, timeout)
+
+
+def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunicator:
+    """The communicator of a group that spans nodes: hierarchical all_reduce
+    (:mod:`.shm_hier`) when every node holds the same number, at least two, of its
+    ranks and each can share memory; plain MPI otherwise. Collective over ``comm``."""
+    local_size = node.Get_size()
+    piece = _piece_bytes(_env_int(CHUNK_ENV, 0), local_size)
+    need = 2 * SLOTS * piece * local_size * local_size
+    fits = enabled() and shm_segment.available() and shm_segment.space_ok(need)
+    sizes = comm.allgather((local_size, fits))
+    if not (all(ok for _, ok in sizes) and min(n for n, _ in sizes) >= 2 and
+            min(n for n, _ in sizes) == max(n for n, _ in sizes)):
+        node.Free()
+        return MPICommunicator(comm, timeout)
+    kernel = node.allreduce(pair_run is not None, op=MPI.LAND)
+    forced = _env_int(MIN_BYTES_ENV, 0)
+    piece, min_bytes = comm.bcast((piece, forced or shm_hier.DEFAULT_MIN_BYTES))
+    cross = comm.Split(node.Get_rank(), comm.Get_rank())
+    try:
+        local = SharedMemoryCommunicator(node, timeout, node.Dup(), piece,
+                                         dict.fromkeys(DEFAULT_MIN_BYTES, 1), kernel)
+    except OSError:  # every rank of the node gets it; the others must not go on alone
+        local = None
+    if not comm.allreduce(local is not None, op=MPI.LAND):
+        if local is not None:
+            local.shutdown()
+        for unused in (node, cross):
+            unused.Free()
+        return MPICommunicator(comm, timeout)
+    return shm_hier.HierarchicalCommunicator(comm, timeout, local, cross, min_bytes)
 
 
 def _piece_bytes(chunk: int, size: int) -> int:

@@ -1,0 +1,110 @@
+"""all_reduce on a group that spans nodes: hierarchical (shared memory within each node,
+MPI between) against flat MPI, on the same buffers, interleaved round by round.
+
+Run it as a job of several nodes, or simulate two nodes on one machine with MPICH:
+
+    MPIR_CVAR_NUM_CLIQUES=2 MPIR_CVAR_CLIQUES_BY_BLOCK=1 \\
+        mpiexec -n 4 python benchmarks/multinode.py [--out docs/bench_multinode]
+
+Three variants per size: ``hpccomm`` (the default group: the three steps of
+hpccomm/backends/shm_hier.py from its threshold on), ``hpccomm flat`` (a group made
+with ``HPCCOMM_SHM=0``: one MPI all-reduce), and raw mpi4py ``Allreduce`` in place on a
+duplicate of ``COMM_WORLD`` at mpi4py's default thread level. Each round times every
+variant once per size, in a rotating order; every result is checked against the exact
+sum. Rank 0 prints a table (best and median milliseconds, and hpccomm's speed relative
+to raw mpi4py) and, with ``--out PREFIX``, writes PREFIX.csv and PREFIX.md.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def label(nbytes):
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--out", help="write PREFIX.csv and PREFIX.md (rank 0)")
+    args = parser.parse_args()
+    import hpccomm as dist
+    from mpi4py import MPI
+
+    from hpccomm.backends import placement
+
+    dist.init_process_group(timeout=300)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    where = placement.world
+    os.environ["HPCCOMM_SHM"] = "0"
+    flat = dist.new_group(list(range(size)))
+    del os.environ["HPCCOMM_SHM"]
+    raw = MPI.COMM_WORLD.Dup()
+    kind = type(dist.group.WORLD.cpu).__name__
+    variants = {
+        "hpccomm": lambda x: dist.all_reduce(x),
+        "hpccomm flat": lambda x: dist.all_reduce(x, group=flat),
+        "mpi4py": lambda x: raw.Allreduce(MPI.IN_PLACE, x),
+    }
+    times = {(name, n): [] for name in variants for n in SIZES}
+    buffers = {n: np.empty(n // 8) for n in SIZES}
+    expected = float(sum(range(1, size + 1)))
+    names = list(variants)
+    for round_ in range(args.rounds + 1):  # round 0 warms up
+        for n in SIZES:
+            x = buffers[n]
+            order = names[round_ % len(names):] + names[:round_ % len(names)]
+            for name in order:
+                x[:] = rank + 1
+                raw.Barrier()
+                start = time.perf_counter()
+                variants[name](x)
+                elapsed = time.perf_counter() - start
+                if not (x == expected).all():
+                    raise SystemExit(f"{name} at {label(n)} gave a wrong sum on rank {rank}")
+                if round_:
+                    times[name, n].append(elapsed)
+    # the slowest rank's time is the operation's
+    for key, values in times.items():
+        times[key] = list(np.max(raw.allgather(values), axis=0))
+    if rank == 0:
+        report(times, size, where, kind, args.out)
+    raw.Free()
+    dist.destroy_process_group()
+
+
+def report(times, size, where, kind, out):
+    header = ("| size | hpccomm best / median ms | flat MPI best / median ms | raw mpi4py best "
+              "/ median ms | hpccomm vs mpi4py (median) |")
+    rows = [f"{size} ranks, {where.nodes} nodes of {where.local_size} ranks "
+            f"({where.describe()}); the default group is a {kind}.", "", header,
+            "|---|---|---|---|---|"]
+    csv = ["bytes,variant,best_ms,median_ms"]
+    for n in SIZES:
+        cells = []
+        for name in ("hpccomm", "hpccomm flat", "mpi4py"):
+            values = times[name, n]
+            best, median = min(values) * 1e3, statistics.median(values) * 1e3
+            cells.append(f"{best:.2f} / {median:.2f}")
+            csv.append(f"{n},{name},{best:.4f},{median:.4f}")
+        ratio = statistics.median(times["mpi4py", n]) / statistics.median(times["hpccomm", n])
+        rows.append(f"| {label(n)} | {' | '.join(cells)} | {ratio:.2f}x |")
+    text = "\n".join(rows)
+    print(text, flush=True)
+    if out:
+        with open(out + ".md", "w") as handle:
+            handle.write(text + "\n")
+        with open(out + ".csv", "w") as handle:
+            handle.write("\n".join(csv) + "\n")
+
+
+if __name__ == "__main__":
+    main()
