@@ -21,6 +21,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 ARGS=(-n "$NP")
 # Hydra (MPICH, Intel MPI): -f HOSTFILE, -ppn ranks per node, -bind-to core.
 # Open MPI:                 --hostfile HOSTFILE, --map-by ppr:4:node, --bind-to core.
+# Binding keeps hpccomm's shared-memory path (it counts a node's CPUs together); the same
+# ranks per node lets large all_reduce over several nodes run hierarchically. Try a
+# two-node job on one machine with MPICH: MPIR_CVAR_NUM_CLIQUES=2 MPIR_CVAR_CLIQUES_BY_BLOCK=1
+# (any MPI: HPCCOMM_NODES=2, for hpccomm's own decisions); `python -m hpccomm info`
+# under the same launcher shows the placement (docs/cluster.md).
 if [ -n "${HOSTFILE:-}" ]; then
     ARGS+=("$(HPCCOMM_MPIEXEC="$MPIEXEC" "$PYTHON" -m hpccomm.launch hostfile-option)" "$HOSTFILE")
 fi

@@ -161,7 +161,8 @@ def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunic
         return MPICommunicator(comm, timeout)
     kernel = node.allreduce(pair_run is not None, op=MPI.LAND)
     forced = _env_int(MIN_BYTES_ENV, 0)
-    piece, min_bytes = comm.bcast((piece, forced or shm_hier.DEFAULT_MIN_BYTES))
+    default = NEVER if placement.crowded(comm) else shm_hier.DEFAULT_MIN_BYTES
+    piece, min_bytes = comm.bcast((piece, forced or default))
     cross = comm.Split(node.Get_rank(), comm.Get_rank())
     try:
         local = SharedMemoryCommunicator(node, timeout, node.Dup(), piece,

@@ -28,7 +28,11 @@ from ..types import RedOpType
 from ..work import Deferred, Started
 from .mpi import MPICommunicator
 
-#: The smallest all_reduce (bytes) that takes the three steps; below, flat MPI.
+#: The smallest all_reduce (bytes) that takes the three steps; below, flat MPI. Where
+#: the machine runs more ranks than it has CPUs, the steps are off unless
+#: ``HPCCOMM_SHM_MIN_BYTES`` asks for them: each shared-memory handshake may wait for a
+#: context switch there, and on 2 simulated nodes of 2 ranks on 2 cores the steps were
+#: 1.0-2.3x slower than hpccomm's flat MPI path up to 16 MiB (docs/performance.md).
 DEFAULT_MIN_BYTES = 1 << 20
 
 #: The reductions the steps compute: the node's and the nodes' partial results combine
