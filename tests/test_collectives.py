@@ -35,6 +35,26 @@ def test_all_reduce_sum(dist, rank, size, dtype, async_op):
     np.testing.assert_allclose(x.astype(np.complex128), expected, rtol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16])
+def test_small_integer_sums_wrap_as_torch_does(dist, rank, size, dtype):
+    """Sums past the type's range wrap around (torch's integer semantics), at lengths
+    where Open MPI 5's vectorized sums saturate instead; reduce_scatter and reduce too."""
+    top = np.iinfo(dtype).max
+    for count in (1, 64, 1000):
+        x = np.full(count, top - rank, dtype)
+        expected = np.add.reduce([np.full(count, top - r, dtype) for r in range(size)],
+                                 dtype=dtype)
+        dist.all_reduce(x)
+        assert np.array_equal(x, expected), (count, x[:2], expected[:2])
+        part = np.empty(count, dtype)
+        dist.reduce_scatter_tensor(part, np.tile(np.full(count, top - rank, dtype), size))
+        assert np.array_equal(part, expected), (count, part[:2], expected[:2])
+        y = np.full(count, top - rank, dtype)
+        dist.reduce(y, dst=0)
+        if rank == 0:
+            assert np.array_equal(y, expected), (count, y[:2], expected[:2])
+
+
 @pytest.mark.parametrize("op,reference", [
     ("PRODUCT", lambda xs: np.prod(xs, axis=0)),
     ("MIN", lambda xs: np.min(xs, axis=0)),
