@@ -47,8 +47,8 @@ def groups(world):
 def values(name, count, seed):
     rng = np.random.default_rng(seed)
     dtype = dtype_of(name)
-    if dtype.kind in "iu":  # sums stay in range: Open MPI 5.0's 8-bit sums wrap wrongly
-        return rng.integers(0, 30, count).astype(dtype)
+    if dtype.kind in "iu":  # 8-bit sums wrap around
+        return rng.integers(0, 100, count).astype(dtype)
     if dtype.kind == "c":
         return (rng.standard_normal(count) + 1j * rng.standard_normal(count)).astype(dtype)
     return rng.uniform(-1, 1, count).astype(dtype)
