@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Union
 
 from . import rendezvous
 from .errors import DistValueError
-from .group import ProcessGroup, _make_group, _mpi, destroy, registry, resolve
+from .group import ProcessGroup, _mpi, destroy, from_communicator, registry, resolve
 from .types import timeout_seconds
 
 #: torch's ``shrink_flags`` values; hpccomm revokes the group in both cases, which is
@@ -158,4 +158,4 @@ def _replace(pg: ProcessGroup, comm: Any, failed: bool) -> ProcessGroup:
         return replace_default_group(comm, desc, failed)
     name, timeout = f"{pg.group_name}:shrunk", pg.timeout  # the same on every member
     destroy(pg)
-    return _make_group(comm, name, timeout, backend, desc, "shrink_group")
+    return from_communicator(comm, name, timeout, backend, desc)
