@@ -35,6 +35,8 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
+from launcher_env import mpiexec  # this directory is the script's: sys.path[0]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One directory per run, so that runs started at the same time do not mix reports.
 REPORTS = os.path.join(ROOT, ".test-reports", f"run-{os.getpid()}")
@@ -54,11 +56,6 @@ SKIP_REASONS = [
     (r"cmake|Lmod|CMake", "no CMake/Lmod"),
     (r"apt-get|not root", "cannot install system packages"),
 ]
-
-
-def mpiexec() -> str:
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
 
 
 def simulated_nodes(nodes):

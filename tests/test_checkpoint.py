@@ -18,6 +18,8 @@ import zlib
 import numpy as np
 import pytest
 
+import launcher_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -140,7 +142,7 @@ def script(mode, path):
 
 
 def mpiexec(n, mode, path, timeout=180):
-    launcher = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    launcher = launcher_env.mpiexec()
     done = subprocess.run([launcher, "-n", str(n), sys.executable, __file__, mode, path],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -170,7 +172,7 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path):
     path = str(tmp_path / "ckpt.h5")
     mpiexec(2, "save", path)
     before = os.path.getmtime(path)
-    launcher = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    launcher = launcher_env.mpiexec()
     # A launcher killed with SIGKILL leaves its session files (Open MPI: /tmp/ompi.<pid>
     # with a socket named by its pid): a later launcher that gets the same pid would fail
     # to start, so this one keeps them in a directory of its own (short: socket paths

@@ -12,10 +12,12 @@ import time
 import numpy as np
 import pytest
 
+from launcher_env import mpiexec
+
 import hpccomm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+MPIEXEC = mpiexec()
 
 
 def _data(rank, n=5):

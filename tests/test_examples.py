@@ -5,8 +5,10 @@ import sys
 
 import pytest
 
+from launcher_env import mpiexec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+MPIEXEC = mpiexec()
 
 EXPECTED = {
     "ring_allreduce.py": "matches all_reduce",

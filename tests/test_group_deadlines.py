@@ -5,8 +5,10 @@ import sys
 
 import pytest
 
+from launcher_env import mpiexec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+MPIEXEC = mpiexec()
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "group_creation_case.py")
 
 ABSENT = {"new_group": 1, "split": 2, "mesh": 0}

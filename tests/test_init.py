@@ -7,9 +7,9 @@ import textwrap
 import pytest
 
 import hpccomm
-from launcher_env import without_launcher
+from launcher_env import mpiexec, without_launcher
 
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+MPIEXEC = mpiexec()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

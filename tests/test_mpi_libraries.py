@@ -17,16 +17,13 @@ import time
 import numpy as np
 import pytest
 
+from launcher_env import mpiexec
+
 from hpccomm.backends import mpi_gate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE = os.path.join(ROOT, "tests", "scripts", "call_pattern_case.py")
 KiB = 1024
-
-
-def mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else "mpiexec"
 
 
 def run_case(case, n, limit=90, **env):

@@ -15,13 +15,10 @@ import time
 import numpy as np
 import pytest
 
+from launcher_env import mpiexec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE = os.path.join(ROOT, "tests", "scripts", "never_hang_case.py")
-
-
-def mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else "mpiexec"
 
 
 def run_case(case, n, limit=60, stdin=None, **env):

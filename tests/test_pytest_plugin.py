@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher_env import without_launcher
+from launcher_env import mpiexec, without_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_TESTS = """\
@@ -35,16 +35,11 @@ def _plugin_args():
     return [] if registered else ["-p", "hpccomm.pytest_plugin"]
 
 
-def _mpiexec():
-    here = Path(sys.executable).with_name("mpiexec")
-    return str(here) if here.exists() else "mpiexec"
-
-
 def _run_user_tests(tmp_path, *options):
     (tmp_path / "test_user.py").write_text(USER_TESTS)
     env = without_launcher(("SLURM_", "PYTEST_"))
     env["PYTHONPATH"] = str(ROOT)
-    cmd = [_mpiexec(), "-n", "2", sys.executable, "-m", "pytest", "-q", "-s", "--with-mpi",
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "pytest", "-q", "-s", "--with-mpi",
            "-p", "no:cacheprovider", *_plugin_args(), *options, "test_user.py"]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=180)

@@ -23,6 +23,8 @@ import time
 import numpy as np
 import pytest
 
+from launcher_env import mpiexec
+
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -465,16 +467,13 @@ def test_switched_off_and_empty_fall_back(dist, members, size):
 
 
 # -- failures, each in its own job -------------------------------------------------------------
-def _mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else "mpiexec"
 
 
 def run_case(case, n, limit=90, extra=(), **env):
     full = dict(os.environ, **{k: str(v) for k, v in env.items()})
     for name in ("HPCCOMM_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR", "HPCCOMM_SHM"):
         full.pop(name, None)
-    done = subprocess.run([_mpiexec(), *extra, "-n", str(n), sys.executable, CASE, case],
+    done = subprocess.run([mpiexec(), *extra, "-n", str(n), sys.executable, CASE, case],
                           cwd=ROOT, env=full, capture_output=True, text=True, timeout=limit)
     return done.returncode, done.stdout + done.stderr
 

@@ -16,6 +16,8 @@ import time
 import numpy as np
 import pytest
 
+from launcher_env import mpiexec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE = os.path.join(ROOT, "tests", "scripts", "shm_kernel_case.py")
 
@@ -174,18 +176,13 @@ def test_a_mismatch_in_the_direct_form_raises_instead_of_hanging(dist, rank, siz
         dist.destroy_process_group(group)
 
 
-def _mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else "mpiexec"
-
-
 def test_ranks_without_the_kernel_everywhere_keep_the_numpy_steps():
     """HPCCOMM_SHM_KERNEL=0 on one rank only: the group runs the NumPy steps on both."""
     env = dict(os.environ)
     for name in ("HPCCOMM_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR", "HPCCOMM_SHM",
                  "HPCCOMM_SHM_KERNEL"):
         env.pop(name, None)
-    done = subprocess.run([_mpiexec(), "-n", "2", sys.executable, CASE], cwd=ROOT, env=env,
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, CASE], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
     lines = sorted(line for line in output.splitlines() if line.startswith("RESULT "))

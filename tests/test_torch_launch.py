@@ -11,16 +11,13 @@ import sys
 
 import pytest
 
+from launcher_env import mpiexec
+
 pytest.importorskip("torch", reason="torch is not installed (pip install 'hpccomm[torch]'); "
                                     "the torch backend is untested")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE = os.path.join(ROOT, "tests", "scripts", "torch_case.py")
-
-
-def mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else "mpiexec"
 
 
 def run(args, n=None, limit=120, **env):

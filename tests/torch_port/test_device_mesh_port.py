@@ -18,8 +18,10 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
+from launcher_env import mpiexec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+MPIEXEC = mpiexec()
 
 
 def _line(full, rank, dims):

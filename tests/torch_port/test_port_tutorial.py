@@ -11,17 +11,12 @@ import subprocess
 import sys
 
 import pytest
-from launcher_env import without_launcher
+from launcher_env import mpiexec, without_launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(HERE, "tutorial_examples.py")
 LIMIT_S = 90
-
-
-def mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else "mpiexec"
 
 
 def run_example(example, n, **env):
