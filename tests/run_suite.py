@@ -50,6 +50,7 @@ SKIP_REASONS = [
     (r"\bGPU\b|CUDA|CuPy|NCCL", "no GPU"),
     (r"torch is not installed|needs torch", "needs torch"),
     (r"ml_dtypes", "needs ml_dtypes"),
+    (r"no direct form with this MPI library", "no direct form of small-integer sums (Open MPI)"),
     (r"Slurm", "no Slurm"),
     (r"mpicc", "no mpicc wrapper (Intel MPI's runtime wheel)"),
     (r"lets the other ranks run on", "Intel MPI's mpiexec: a rank dying before MPI_Init"),

@@ -38,6 +38,12 @@ def test_it_stops_where_shared_memory_or_a_gate_starts(dist, size):
 def test_sums_every_rank_in_place(dist, rank, size, dtype):
     pg = dist.new_group(list(range(size)))
     x = (np.arange(10) % 4 + rank).astype(dtype)
+    if x.dtype not in pg.cpu.direct_types:  # Open MPI: its 8- and 16-bit sums saturate
+        dist.destroy_process_group(pg)
+        from hpccomm.backends import mpi
+        assert mpi._SATURATING_SUMS and x.dtype.itemsize <= 2, x.dtype
+        pytest.skip(f"{x.dtype} has no direct form with this MPI library (its own 8- and "
+                    f"16-bit sums saturate, so hpccomm sums them in int64)")
     datatype = pg.cpu.direct_types[x.dtype]
     assert pg.cpu.sum_in_place_at(x.ctypes.data, x.size, datatype, 1.0) is None
     expected = (np.arange(10) % 4 * size + sum(range(size))).astype(dtype)
