@@ -1,11 +1,11 @@
-"""torch's parallelism stack on backend "hpccomm": functional collectives, DeviceMesh,
-DTensor, DDP, FSDP2, tensor and pipeline parallelism, DCP.
+"""torch's parallelism stack on hpccomm: functional collectives, DeviceMesh, DTensor, DDP,
+FSDP2, tensor and pipeline parallelism, DCP, each under both names the backend answers
+to: ``"hpccomm"`` (with ``init_method="mpi://"``) and torch's own ``"mpi"``.
 
 Each training test trains a small model distributed and, on every rank, the same model
 in one process on the whole batch, and checks that the parameters agree to float32
 round-off. Runs in the MPI sessions of the suite (2 and 4 ranks) with torch's default
-group made for this module and destroyed after it (the fixtures of
-test_torch_collectives.py).
+group made once per backend name and destroyed after its tests.
 """
 import warnings
 
@@ -17,14 +17,25 @@ dist = pytest.importorskip("torch.distributed")
 pytest.importorskip("hpccomm.torch")
 nn = torch.nn
 
-# torch's default group on "hpccomm" for this module, made and destroyed as there
-from test_torch_collectives import rank, size, torch_world  # noqa: E402,F401
+from test_torch_collectives import TIMEOUT, rank, size  # noqa: E402,F401
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 STEPS = 3
 IN, HIDDEN, OUT = 8, 16, 4
 ROWS_PER_RANK = 4
+
+
+@pytest.fixture(scope="module", params=["hpccomm", "mpi"])
+def torch_world(request):
+    """torch's default group for this module's tests, on each name of the backend."""
+    if request.param == "mpi":  # as torch documents its MPI backend: no init_method
+        dist.init_process_group("mpi", timeout=TIMEOUT)
+    else:
+        dist.init_process_group("hpccomm", init_method="mpi://", timeout=TIMEOUT)
+    assert dist.get_backend() == request.param
+    yield dist.group.WORLD
+    dist.destroy_process_group()
 
 
 def mlp(seed=0, depth=3):

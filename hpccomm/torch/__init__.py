@@ -4,7 +4,9 @@
 
 under ``mpiexec``, ``srun`` or ``hpccomm run``. Importing this module registers the
 backend ``"hpccomm"`` (CPU tensors, over MPI) and the rendezvous scheme ``mpi://`` (rank
-and world size from MPI, the store served over MPI: no MASTER_ADDR, port or file).
+and world size from MPI, the store served over MPI: no MASTER_ADDR, port or file). On a
+torch built without MPI (every pip wheel) it also serves torch's own backend name
+``"mpi"``: ``init_process_group("mpi")`` runs on hpccomm (:mod:`.mpi_backend`).
 ``"cpu:hpccomm,cuda:nccl"`` gives CUDA tensors to torch's NCCL. DDP, FSDP2, DeviceMesh,
 DTensor, functional collectives, pipelining and DCP run on it unchanged; see
 ``docs/torch.md``.
@@ -32,6 +34,7 @@ _rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the mod
 from .bootstrap import create_group, mpi_rendezvous
 from .errors import DistBackendError, DistTimeoutError, ProcessFailedError
 from .fault import agree, revoke, shrink_group
+from . import mpi_backend
 from .process_group import ProcessGroupHPC
 from .store import DistStoreError, MPITorchStore
 from .work import DoneWork, PendingWork
@@ -57,13 +60,15 @@ def monitored_barrier(group: Any = None, timeout: Any = None,
 
 
 def register() -> None:
-    """Register backend ``"hpccomm"`` and rendezvous ``mpi://`` with torch (idempotent;
+    """Register backend ``"hpccomm"`` and rendezvous ``mpi://`` with torch, and serve
+    torch's ``"mpi"`` backend name where torch has no MPI of its own (idempotent;
     importing this module already did)."""
     if BACKEND.upper() not in _dist.Backend._plugins:
         _dist.Backend.register_backend(BACKEND, create_group, extended_api=True,
                                        devices=["cpu"])
     if "mpi" not in _rendezvous._rendezvous_handlers:
         _rendezvous.register_rendezvous_handler("mpi", mpi_rendezvous)
+    mpi_backend.install()
 
 
 register()

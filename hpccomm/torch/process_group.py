@@ -127,10 +127,13 @@ class ProcessGroupHPC(dist.ProcessGroup):
         self._cuda_backend: Any = None
         #: torch dtype -> (MPI datatype, itemsize): what all_reduce's direct form takes.
         self._direct = _tensors.direct_types(host.cpu.direct_types)
+        #: What ``name()`` and ``getBackendName()`` say: ``"mpi"`` when the group was
+        #: asked for under torch's name for the MPI backend.
+        self.backend_name = "hpccomm"
 
     # -- identity --------------------------------------------------------------------------
     def getBackendName(self) -> str:
-        return "hpccomm"
+        return self.backend_name
 
     def setGroupName(self, name: str) -> None:
         self._name = self._host.group_name = name
