@@ -7,11 +7,17 @@ launcher. On each rank this module reads the launcher's own variables (hydra's
 ``LOCAL_WORLD_SIZE`` as torchrun would, installs :mod:`hpccomm.excepthook`, and runs the
 target with :mod:`runpy` exactly as ``python script.py`` / ``python -m module`` would.
 It does not initialize MPI, so the script may still set ``mpi4py.rc`` options first.
+
+With ``--torch`` (``hpccomm run --torch``) it also imports :mod:`hpccomm.torch` (backends
+``"hpccomm"`` and ``"mpi"``, rendezvous ``mpi://``) and sets ``MASTER_ADDR`` and
+``MASTER_PORT`` as torchrun would for ``env://``: rank 0's host (``127.0.0.1`` when all
+ranks share one) and a port free there, agreed over MPI, which this initializes.
 """
 from __future__ import annotations
 
 import os
 import runpy
+import socket
 import sys
 from typing import Dict, List, Mapping, Optional
 
@@ -33,6 +39,50 @@ def torchrun_env(env: Mapping[str, str]) -> Dict[str, str]:
         local = (rank, size)
     return {"RANK": str(rank), "WORLD_SIZE": str(size),
             "LOCAL_RANK": str(local[0]), "LOCAL_WORLD_SIZE": str(local[1])}
+
+
+#: Bytes of a host name exchanged by :func:`torch_master` (DNS names are at most 253).
+_HOST_BYTES = 256
+
+
+def torch_master(env: Mapping[str, str]) -> Dict[str, str]:
+    """``MASTER_ADDR`` and ``MASTER_PORT`` for torch's ``env://``, keeping any already set.
+
+    Rank 0 picks a free port on its host; every rank learns rank 0's host name and that
+    port through one all-gather over ``MPI_COMM_WORLD`` (under the default group
+    timeout). Ranks all on one host get ``127.0.0.1``.
+    """
+    given = {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT") if env.get(k)}
+    if len(given) == 2:
+        return given
+    import numpy as np
+
+    from .backends import mpi
+    from .types import default_pg_timeout
+    from .work import Work
+
+    world = mpi.world()
+    mine = np.zeros(_HOST_BYTES + 8, dtype=np.uint8)
+    name = socket.gethostname().encode()[:_HOST_BYTES]
+    mine[:len(name)] = np.frombuffer(name, dtype=np.uint8)
+    if world.Get_rank() == 0:
+        mine[_HOST_BYTES:].view(np.int64)[0] = int(given.get("MASTER_PORT") or _free_port())
+    every = np.empty((world.Get_size(), mine.size), dtype=np.uint8)
+    seconds = default_pg_timeout.total_seconds()
+    work = Work(*mpi.MPICommunicator(world, seconds).all_gather(mine, every, None))
+    work.op, work.timeout = "hpccomm run --torch (agreeing on MASTER_ADDR/MASTER_PORT)", seconds
+    work.wait()
+    hosts = {bytes(row[:_HOST_BYTES]).rstrip(b"\0").decode() for row in every}
+    first = bytes(every[0, :_HOST_BYTES]).rstrip(b"\0").decode()
+    return {"MASTER_ADDR": given.get("MASTER_ADDR") or ("127.0.0.1" if len(hosts) == 1
+                                                         else first),
+            "MASTER_PORT": str(int(every[0, _HOST_BYTES:].view(np.int64)[0]))}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def run_target(argv: List[str]) -> None:
@@ -65,16 +115,31 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Set the variables, install the abort hook, run the target; errors go to the hook."""
     from .diagnostics import excepthook
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    with_torch = bool(args) and args[0] == "--torch"
+    if with_torch:
+        args = args[1:]
     os.environ.update(torchrun_env(os.environ))
     excepthook.install()
     try:
-        run_target(list(sys.argv[1:] if argv is None else argv))
+        if with_torch:
+            _prepare_torch()
+        run_target(args)
     except SystemExit:
         raise
     except BaseException as exc:
         trimmed = _user_traceback(exc)
         sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
         sys.exit(1)
+
+
+def _prepare_torch() -> None:
+    """``--torch``: register hpccomm's backends with torch and set env://'s variables."""
+    try:
+        import hpccomm.torch  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"hpccomm run --torch: {exc}") from None
+    os.environ.update(torch_master(os.environ))
 
 
 if __name__ == "__main__":

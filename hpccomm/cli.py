@@ -3,7 +3,9 @@
 ``hpccomm run -n 4 train.py --epochs 3`` starts ``train.py`` on 4 ranks with srun inside
 a Slurm allocation, else with mpiexec; each rank gets torchrun's ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, and an uncaught exception on any
-rank aborts the whole job. The launcher process replaces itself with the launcher
+rank aborts the whole job; with ``--torch`` each rank also imports ``hpccomm.torch``
+and gets ``MASTER_ADDR``/``MASTER_PORT``, so torchrun scripts and scripts for torch's
+``"mpi"`` backend run unchanged. The launcher process replaces itself with the launcher
 (``exec``), so signals and the exit status are the launcher's own; it never
 initializes MPI. ``hpccomm info`` prints the environment for bug reports.
 ``hpccomm bench -n 2`` measures hpccomm against raw mpi4py on this machine's MPI
@@ -39,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
                           "--launcher-args='--cpu-bind=cores' (repeatable)")
     run.add_argument("-m", dest="module", action="store_true",
                      help="TARGET is a module name, run as python -m TARGET")
+    run.add_argument("--torch", action="store_true",
+                     help="for PyTorch scripts: import hpccomm.torch first (backends 'mpi' "
+                          "and 'hpccomm', init_method mpi://) and set MASTER_ADDR and "
+                          "MASTER_PORT too, so a script written for torchrun or for torch's "
+                          "MPI backend runs unchanged")
     run.add_argument("--no-abort-on-exception", action="store_true",
                      help="let the other ranks continue when one raises")
     run.add_argument("--dry-run", action="store_true",
@@ -75,7 +82,7 @@ def run_command(args: argparse.Namespace) -> List[str]:
     extra = [word for text in args.launcher_args for word in shlex.split(text)]
     target = (["-m"] if args.module else []) + [args.target, *args.args]
     return launch.build_command(target, nprocs=args.nproc, launcher=args.launcher,
-                                launcher_args=extra)
+                                launcher_args=extra, torch=args.torch)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

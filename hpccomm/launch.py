@@ -111,15 +111,18 @@ def srun_mpi_plugin(env: Mapping[str, str] = os.environ) -> Optional[str]:
 
 def build_command(target: Sequence[str], nprocs: Optional[int] = None, launcher: str = "auto",
                   launcher_args: Sequence[str] = (), python: Optional[str] = None,
-                  env: Mapping[str, str] = os.environ) -> List[str]:
+                  env: Mapping[str, str] = os.environ, torch: bool = False) -> List[str]:
     """The full command line that starts ``target`` (``[script, args]`` or ``[-m, mod, args]``).
 
     ``nprocs`` is required for mpiexec; under srun ``None`` means the allocation's tasks.
+    ``torch``: each rank imports ``hpccomm.torch`` and gets ``MASTER_ADDR``/``MASTER_PORT``
+    before the target runs (``hpccomm run --torch``).
     """
     if nprocs is not None and nprocs < 1:
         raise LaunchError(f"-n must be at least 1, got {nprocs}")
     kind = choose_launcher(launcher, env)
-    bootstrap = [python or sys.executable, "-m", "hpccomm._rank_env", *target]
+    bootstrap = [python or sys.executable, "-m", "hpccomm._rank_env",
+                 *(["--torch"] if torch else []), *target]
     if kind == "mpiexec":
         if nprocs is None:
             raise LaunchError("hpccomm run: give the number of processes with -n N")

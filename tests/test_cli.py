@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpccomm import _launcher_env, _rank_env, excepthook, launch
+from hpccomm import _launcher_env, _rank_env, cli, excepthook, launch
 from launcher_env import mpiexec, without_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,6 +226,19 @@ def test_dry_run_builds_mpiexec_command_without_importing_mpi():
     assert words[1:5] == ["-n", "4", "-ppn", "2"]
     assert words[5:] == [sys.executable, "-m", "hpccomm._rank_env", "train.py", "--epochs", "3"]
     assert marker == "MPI-NOT-IMPORTED 0"
+
+
+def test_run_torch_bootstraps_torch_before_the_target(capsys):
+    assert cli.main(["run", "--dry-run", "--torch", "-n", "2", "x.py", "-a"]) == 0
+    assert capsys.readouterr().out.split()[-5:] == ["-m", "hpccomm._rank_env", "--torch",
+                                                    "x.py", "-a"]
+    assert cli.main(["run", "--dry-run", "-n", "2", "x.py"]) == 0
+    assert "--torch" not in capsys.readouterr().out
+
+
+def test_torch_master_keeps_what_the_user_set():
+    given = {"MASTER_ADDR": "node7", "MASTER_PORT": "1234"}
+    assert _rank_env.torch_master(given) == given  # both set: no MPI needed
 
 
 def test_auto_picks_srun_inside_an_allocation(tmp_path):
