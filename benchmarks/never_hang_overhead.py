@@ -5,7 +5,7 @@
 are interleaved round by round, in a rotating order, so that a busy machine slows them
 alike:
 
-* ``before``: ``_call.launch`` without its one test for observers
+* ``no check``: ``_call.launch`` without its one test for observers
   (``observed = _observe.active``; the only hot-path cost of these features:
   ``Work.wait`` reports to observers only on its timeout and failure paths),
   compiled from the current source into the live module;
@@ -53,9 +53,9 @@ def old_launch():
             stmt = ast.parse("observed = False").body[0]
         kept.append(stmt)
     assert len(kept) == len(node.body) - 1, "the observer test was not found in launch"
-    node.body, node.name = kept, "_launch_before"
-    exec(compile(ast.Module([node], []), "launch-before", "exec"), _call.__dict__)
-    return _call._launch_before
+    node.body, node.name = kept, "_launch_unchecked"
+    exec(compile(ast.Module([node], []), "launch-unchecked", "exec"), _call.__dict__)
+    return _call._launch_unchecked
 
 
 def worker(rounds: int, inner: int) -> None:
@@ -65,11 +65,11 @@ def worker(rounds: int, inner: int) -> None:
     from hpccomm import _call, flight_recorder
 
     dist.init_process_group(timeout=60)
-    variants = ["before", "OFF", "recorder", "DETAIL"]
-    launches = {"before": old_launch(), "now": _call.launch}
+    variants = ["no check", "OFF", "recorder", "DETAIL"]
+    launches = {"no check": old_launch(), "now": _call.launch}
 
     def setup(variant: str) -> None:
-        _call.launch = launches["before" if variant == "before" else "now"]
+        _call.launch = launches["no check" if variant == "no check" else "now"]
         dist.set_debug_level("DETAIL" if variant == "DETAIL" else "OFF")
         flight_recorder.enable(2000 if variant == "recorder" else 0)
 
@@ -115,7 +115,7 @@ def table(results: list) -> str:
     rows = ["| size | variant | median µs (median of runs) | best µs (min of runs) |",
             "|---|---|---|---|"]
     for label in SIZES:
-        for variant in ("before", "OFF", "recorder", "DETAIL"):
+        for variant in ("no check", "OFF", "recorder", "DETAIL"):
             meds = [r[label][variant][0] for r in results]
             bests = [r[label][variant][1] for r in results]
             rows.append(f"| {label} | {variant} | {statistics.median(meds):.2f} | "
