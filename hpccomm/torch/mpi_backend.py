@@ -22,18 +22,15 @@ behaviour, with a warning), and tested one by one in ``tests/test_torch_mpi_back
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import logging
 import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
-import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 logger = logging.getLogger("hpccomm")
-
-_c10d = importlib.import_module("torch.distributed.distributed_c10d")
 
 #: torch releases whose internals this module was written against and is tested on.
 TESTED_TORCH = ("2.13",)
@@ -60,7 +57,7 @@ _OWN = "hpccomm"
 def problems() -> List[str]:
     """What of :data:`INTERNALS` this torch lacks or has in another shape (empty: all
     there)."""
-    absent = [name for name in INTERNALS if not hasattr(_c10d, name)]
+    absent = [name for name in INTERNALS if not hasattr(c10d, name)]
     if absent:
         return [f"torch.distributed.distributed_c10d has no {name}" for name in absent]
     found: List[str] = []
@@ -70,22 +67,22 @@ def problems() -> List[str]:
     if missing:
         found.append(f"_new_process_group_helper has no parameter(s) {missing}")
     for attr in ("pg_map", "pg_backend_config"):
-        if not hasattr(_c10d._world, attr):
-            found.append(f"distributed_c10d._world has no {attr}")
-    if getattr(_c10d.Backend, "MPI", None) != "mpi":
+        if not hasattr(c10d._world, attr):
+            found.append(f"distributedc10d._world has no {attr}")
+    if getattr(c10d.Backend, "MPI", None) != "mpi":
         found.append("Backend.MPI is not 'mpi'")
     return found
 
 
 def _original_helper() -> Callable[..., Any]:
     """torch's own ``_new_process_group_helper``, also while ours replaces it."""
-    helper = _c10d._new_process_group_helper
+    helper = c10d._new_process_group_helper
     return getattr(helper, "__wrapped__", helper)
 
 
 def installed() -> bool:
     """Whether ``"mpi"`` currently means hpccomm in this process."""
-    return getattr(_c10d._new_process_group_helper, "hpccomm_mpi", False)
+    return getattr(c10d._new_process_group_helper, "hpccomm_mpi", False)
 
 
 def install() -> bool:
@@ -93,7 +90,7 @@ def install() -> bool:
     (idempotent); returns whether hpccomm now serves it."""
     if installed():
         return True
-    if _c10d.is_mpi_available():
+    if c10d.is_mpi_available():
         logger.info("hpccomm.torch: this torch was built with MPI; backend 'mpi' stays "
                     "torch's own ProcessGroupMPI (use 'hpccomm' for hpccomm's)")
         return False
@@ -110,16 +107,16 @@ def install() -> bool:
     wrapper = functools.wraps(helper)(functools.partial(_make_group, helper,
                                                         inspect.signature(helper)))
     wrapper.hpccomm_mpi = True  # type: ignore[attr-defined]
-    _c10d._new_process_group_helper = wrapper
-    _c10d._MPI_AVAILABLE = True
+    c10d._new_process_group_helper = wrapper
+    c10d._MPI_AVAILABLE = True
     return True
 
 
 def uninstall() -> None:
     """Give ``"mpi"`` back to torch (for tests; groups already made keep working)."""
     if installed():
-        _c10d._new_process_group_helper = _original_helper()
-        _c10d._MPI_AVAILABLE = False
+        c10d._new_process_group_helper = _original_helper()
+        c10d._MPI_AVAILABLE = False
 
 
 def mentions_mpi(backend: Any) -> bool:
@@ -152,13 +149,13 @@ def _make_group(helper: Callable[..., Any], signature: inspect.Signature,
     arguments = bound.arguments
     if not arguments["global_ranks_in_group"] and arguments["group_size"] == -1:
         _default_group_store(arguments)
-    arguments["backend"] = _c10d.Backend(translate(backend))
+    arguments["backend"] = c10d.Backend(translate(backend))
     pg, store = helper(*bound.args, **bound.kwargs)
-    if pg is not _c10d.GroupMember.NON_GROUP_MEMBER:
-        _c10d._world.pg_map[pg] = (_c10d.Backend(str(backend)), store)
-        config = _c10d._world.pg_backend_config.get(pg)
+    if pg is not c10d.GroupMember.NON_GROUP_MEMBER:
+        c10d._world.pg_map[pg] = (c10d.Backend(str(backend)), store)
+        config = c10d._world.pg_backend_config.get(pg)
         if config is not None:
-            _c10d._world.pg_backend_config[pg] = _untranslate(config)
+            c10d._world.pg_backend_config[pg] = _untranslate(config)
         if hasattr(pg, "backend_name"):
             pg.backend_name = "mpi"
     return pg, store
@@ -181,5 +178,5 @@ def _default_group_store(arguments: Dict[str, Any]) -> None:
                              else mpi_rendezvous("mpi://"))
     if timeout is not None:
         store.set_timeout(timeout)
-    arguments["store"] = _c10d.PrefixStore("default_pg", store)
+    arguments["store"] = c10d.PrefixStore("default_pg", store)
     arguments["group_rank"], arguments["group_size"] = rank, size
