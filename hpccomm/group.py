@@ -156,6 +156,29 @@ class ProcessGroup:
         return DistValueError(f"hpccomm.{op} on rank {self._rank}/{self._size} of group "
                               f"'{self.group_name}': {message}")
 
+    def renew(self, comm: Any) -> None:
+        """Go on with ``comm``, a fresh communicator of the same ranks in the same order,
+        in place of this group's own, which may still hold operations given up after an
+        error (a timeout, an interrupted wait): they stay on the old communicator, where
+        no later operation can pair with them. Every member calls it at the same point
+        (the backend communicators are made again, collectively); the sequence numbers
+        restart from 0, as the members' counts may differ after the error."""
+        if comm.Get_rank() != self._rank or comm.Get_size() != self._size:
+            raise self.error("renew", f"the new communicator has rank {comm.Get_rank()} "
+                                      f"of {comm.Get_size()}, not this group's rank "
+                                      f"{self._rank} of {self._size}")
+        old, communicators = self.comm, list(self._communicators.values())
+        self.pending = []  # their buffers stay alive until MPI is done (work.abandon)
+        self._communicators.clear()
+        for communicator in communicators:
+            try:
+                communicator.shutdown()
+            except Exception:
+                pass
+        _mpi().free(old)
+        self.comm, self.seq, self.live = comm, 0, True
+        self.cpu = self.communicator("cpu")
+
     # -- teardown -------------------------------------------------------------------------
     def shutdown(self, abort: bool = False) -> None:
         """Release backend communicators, then the MPI communicator."""

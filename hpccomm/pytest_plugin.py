@@ -16,14 +16,31 @@ Fixtures (distinct from pytest-mpi's ``mpi_tmp_path`` and from any project's own
 Option ``--hpccomm-rank0-output`` (or ini ``hpccomm_rank0_output = true``): only rank 0
 writes to the terminal; other ranks write to ``--hpccomm-rank-log-dir`` (default: the
 null device), so the output of ``mpiexec -n 4 pytest`` is read once, not four times.
+
+Option ``--hpccomm-lockstep`` (ini ``hpccomm_lockstep = true``), under a launcher: after
+each test the ranks agree on its outcome; a test that failed on any rank fails on every
+rank, and rank 0 reports it once, naming each failing rank with its reason. A rank whose
+test failed stops the others' (no rank is left waiting in a collective), and after a
+failed test the default group goes on with a fresh communicator, so the next test starts
+in step. ``--hpccomm-test-timeout=SECONDS`` (ini ``hpccomm_test_timeout``; implies
+lockstep; default: the group timeout) interrupts a test that outlives it, naming the
+ranks that did not finish and where each one was. Lockstep implies rank-0 output, and
+only rank 0 writes ``--junitxml`` (the agreed outcomes); ``--hpccomm-results=FILE``
+writes them as JSON lines. See :mod:`hpccomm.testing.lockstep`.
+
+Marker ``@pytest.mark.parallel(nprocs=[1, 2, 4])``: the test runs at each size, as items
+``test[n=k]``; from a serial ``pytest`` the plugin starts one job per size
+(:mod:`hpccomm.testing.parallel`). With lockstep or parallel items, a closing line counts
+each (test, world size) once and groups the skips by reason.
 """
 from __future__ import annotations
 
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Dict, Iterator
 
 import pytest
 
@@ -39,23 +56,42 @@ def pytest_addoption(parser: Any) -> None:
                          "DIR/rank-R.log instead of discarding it")
     group.addoption("--hpccomm-timeout", type=float, default=None,
                     help="timeout in seconds of the session's default group (default 300)")
+    group.addoption("--hpccomm-lockstep", action="store_true", default=None,
+                    help="under mpiexec: the ranks agree on each test's outcome, stop "
+                         "each other's test when one fails, and start each test in step")
+    group.addoption("--hpccomm-test-timeout", type=float, default=None, metavar="SECONDS",
+                    help="with lockstep (implied): interrupt a test that outlives this, "
+                         "naming the ranks that did not finish (default: the group "
+                         "timeout)")
+    group.addoption("--hpccomm-results", default=None, metavar="FILE",
+                    help="with lockstep: rank 0 writes each test's agreed outcome to FILE "
+                         "as JSON lines")
     parser.addini("hpccomm_rank0_output", "only MPI rank 0 writes to the terminal",
                   type="bool", default=False)
     parser.addini("hpccomm_timeout", "timeout in seconds of the session's default group",
                   default="300")
+    parser.addini("hpccomm_lockstep", "under mpiexec: the ranks agree on each test's outcome",
+                  type="bool", default=False)
+    parser.addini("hpccomm_test_timeout", "with lockstep: seconds a test may take",
+                  default=None)
+
+
+def _stated() -> Any:
+    """``(rank, size)`` as the launcher states them; ``None`` in a serial session."""
+    from hpccomm._launcher_env import launcher_rank
+
+    return launcher_rank(os.environ)
 
 
 def _launcher_rank() -> int:
-    from hpccomm._rank_env import launcher_rank
-
-    stated = launcher_rank(os.environ)
+    stated = _stated()
     return stated[0] if stated else 0
 
 
 def _redirect_other_ranks(config: Any) -> None:
     """With rank-0 output on, send this process's stdout/stderr away unless it is rank 0."""
     wanted = (getattr(config.known_args_namespace, "hpccomm_rank0_output", None)
-              or config.getini("hpccomm_rank0_output"))
+              or config.getini("hpccomm_rank0_output") or _lockstep_wanted(config, True))
     rank = _launcher_rank()
     if not wanted or rank == 0:
         return
@@ -122,3 +158,207 @@ def hpccomm_tmp_path(hpccomm_dist: Any, request: Any, tmp_path_factory: Any) -> 
     path = Path(name[0])
     hpccomm_dist.barrier()
     return path
+
+
+# -- lockstep, test timeouts, parallel sizes, the closing line ----------------------------
+#: Seconds allowed beyond a test's timeout for a late rank to report (and for the
+#: teardown of a test that timed out).
+GRACE_S = 5.0
+
+
+class _Session:
+    """What the plugin keeps for one session."""
+
+    def __init__(self) -> None:
+        self.lockstep: Any = None     # testing.lockstep.Lockstep, under a launcher
+        self.launcher: Any = None     # testing.parallel.Launcher, in a serial session
+        self.results: Any = None      # path of --hpccomm-results (rank 0)
+        self.closing_line = False
+        self.started = time.time()
+
+
+_SESSION = pytest.StashKey[_Session]()
+
+
+def _lockstep_wanted(config: Any, early: bool = False) -> bool:
+    """Whether lockstep is asked for (``--hpccomm-test-timeout`` implies it)."""
+    options = config.known_args_namespace if early else config.option
+    return bool(getattr(options, "hpccomm_lockstep", None)
+                or getattr(options, "hpccomm_test_timeout", None) is not None
+                or config.getini("hpccomm_lockstep") or config.getini("hpccomm_test_timeout"))
+
+
+def _test_timeout(config: Any) -> float:
+    value = config.getoption("--hpccomm-test-timeout")
+    if value is None:
+        value = config.getini("hpccomm_test_timeout") or None
+    return float(value) if value is not None else _timeout(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line(
+        "markers", "parallel(nprocs=3): run the test at each of these world sizes, as items "
+                   "test[n=k]; a serial pytest starts one mpiexec per size")
+    state = config.stash[_SESSION] = _Session()
+    stated = _stated()
+    if _lockstep_wanted(config) and stated is not None:
+        state.closing_line = True
+        if stated[0] != 0:  # rank 0's report holds the agreed outcomes (before junitxml)
+            config.option.xmlpath = None
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    from .testing import parallel
+
+    parallel.parametrize(metafunc)
+
+
+def pytest_collection_modifyitems(config: Any, items: Any) -> None:
+    from .testing import parallel
+
+    stated = _stated()
+    if stated is not None:
+        parallel.skip_other_sizes(items, stated[1])
+    if any(parallel.size_of(item) is not None for item in items):
+        config.stash[_SESSION].closing_line = True
+
+
+def pytest_collection_finish(session: Any) -> None:
+    config = session.config
+    state = config.stash[_SESSION]
+    if config.option.collectonly:
+        return
+    stated = _stated()
+    if stated is None:
+        from .testing import parallel
+
+        if any(parallel.size_of(item) is not None for item in session.items):
+            state.launcher = parallel.Launcher(config, _test_timeout(config), GRACE_S)
+        return
+    if not _lockstep_wanted(config):
+        return
+    from .testing.lockstep import Lockstep, LockstepError
+
+    try:
+        state.lockstep = Lockstep(_test_timeout(config), GRACE_S, _timeout(config))
+        state.lockstep.check_collection([item.nodeid for item in session.items],
+                                        session.testsfailed)
+    except LockstepError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    state.results = config.getoption("--hpccomm-results")
+    if state.results and state.lockstep.rank == 0:
+        open(state.results, "w").close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
+    state = item.config.stash[_SESSION]
+    if state.launcher is None and state.lockstep is None:
+        return None
+    from .testing import lockstep, parallel
+
+    ihook = item.ihook
+    if state.launcher is not None:
+        if parallel.size_of(item) is None:
+            return None
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        for report in state.launcher.reports(item):
+            ihook.pytest_runtest_logreport(report=report)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+    from _pytest.runner import runtestprotocol
+
+    step = state.lockstep
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    step.start_test(item.nodeid)
+    reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    verdict = step.agree(step.outcome(reports))
+    lockstep.apply(reports, verdict)
+    for report in reports:
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    if state.results and step.rank == 0:
+        with open(state.results, "a") as handle:
+            handle.write(lockstep.result_record(item.nodeid, reports, step.size) + "\n")
+    if step.broken:
+        item.session.shouldstop = step.broken
+    return True
+
+
+def _armed(item: Any, phase: str) -> Any:
+    """Around one phase of a test: interruptible by the lockstep watchdog."""
+    step = item.config.stash[_SESSION].lockstep
+    if step is None:
+        return (yield)
+    step.arm(phase)
+    try:
+        return (yield)
+    finally:
+        step.disarm()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: Any) -> Any:
+    return (yield from _armed(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: Any) -> Any:
+    return (yield from _armed(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
+    return (yield from _armed(item, "teardown"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    report = yield
+    step = item.config.stash[_SESSION].lockstep
+    if step is not None and report.failed:
+        step.notify_failed(report, call.excinfo)
+    return report
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: Any, exitstatus: Any) -> Any:
+    """After pytest's own summary: close the lockstep, then the closing line."""
+    try:
+        return (yield)
+    finally:
+        state = session.config.stash[_SESSION]
+        if state.lockstep is not None:
+            state.lockstep.close()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if state.closing_line and reporter is not None:
+            reporter.write_sep("=", _closing_line(reporter.stats,
+                                                  time.time() - state.started))
+
+
+def _closing_line(stats: Any, seconds: float) -> str:
+    from .testing.outcomes import count_line, skip_reason
+
+    skipped = stats.get("skipped", [])
+    counts = {"passed": len(stats.get("passed", [])), "skipped": len(skipped),
+              "failed": len(stats.get("failed", [])) + len(stats.get("error", []))}
+    reasons: Dict[str, int] = {}
+    for report in skipped:
+        longrepr = report.longrepr
+        why = skip_reason(longrepr[2] if isinstance(longrepr, tuple) else str(longrepr))
+        reasons[why] = reasons.get(why, 0) + 1
+    return "each (test, world size) once: " + count_line(counts, reasons, seconds)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: Any) -> None:
+    state = config.stash.get(_SESSION, None)
+    if state is None:
+        return
+    if state.launcher is not None:
+        state.launcher.close()
+    step = state.lockstep
+    if step is not None and step.broken and step.rank == min(
+            r for r in range(step.size) if r not in step.lost):
+        step.abort()  # the stuck rank holds the job: end it, after this rank's report
