@@ -17,7 +17,7 @@ from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 SKIP_PATTERNS: List[Tuple[str, str]] = [
     (r"requires (\d+) MPI processes", "needs {0} ranks"),       # pytest-mpi's min_size
     (r"needs exactly (\d+) ranks", "needs exactly {0} ranks"),
-    (r"needs (\d+) ranks", "needs {0} ranks"),                  # parallel(nprocs=...)
+    (r"needs (\d+) ranks?\b", "needs {0} ranks"),              # parallel(nprocs=...)
     (r"\bGPU\b|CUDA|CuPy|NCCL", "no GPU"),
     (r"torch is not installed|needs torch", "needs torch"),
 ]
@@ -32,7 +32,7 @@ def skip_reason(message: Optional[str],
     for pattern, reason in patterns:
         found = re.search(pattern, message or "")
         if found:
-            return reason.format(*found.groups())
+            return re.sub(r"\b1 ranks\b", "1 rank", reason.format(*found.groups()))
     text = " ".join((message or "no reason given").split())
     text = re.sub(r"^Skipped: ", "", text)
     text = re.split(r" \(|; |: |\. ", text)[0]  # the first clause says why

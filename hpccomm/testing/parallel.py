@@ -69,7 +69,8 @@ def skip_other_sizes(items: Sequence[Any], world_size: int) -> None:
         wanted = size_of(item)
         if wanted is not None and wanted != world_size:
             item.add_marker(pytest.mark.skip(
-                reason=f"needs {wanted} ranks (parallel variant; this job has {world_size})"))
+                reason=f"needs {wanted} rank{'s' if wanted > 1 else ''} (parallel "
+                       f"variant; this job has {world_size})"))
 
 
 class Launcher:
