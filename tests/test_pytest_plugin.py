@@ -1,13 +1,16 @@
-"""The pytest plugin for users' MPI tests: its fixtures under MPI, rank-0-only output.
+"""The pytest plugin for users' MPI tests: fixtures, rank-0 output, lockstep, sizes.
 
 The MPI tests here use the plugin's own fixtures (``hpccomm_world``, ``hpccomm_dist``,
 ``hpccomm_tmp_path``) the way a user's test would. The serial tests run pytest on a
-user's test file under ``mpiexec -n 2`` and check what reaches the terminal.
+user's test file under ``mpiexec`` (or a serial pytest that starts its own jobs, for
+``parallel(nprocs=...)``) and check what reaches the terminal: one verdict per test
+with lockstep, a failing or hanging rank named, the session going on after it.
 """
 import importlib.metadata
-import os
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,14 +38,22 @@ def _plugin_args():
     return [] if registered else ["-p", "hpccomm.pytest_plugin"]
 
 
-def _run_user_tests(tmp_path, *options):
-    (tmp_path / "test_user.py").write_text(USER_TESTS)
+def _pytest(tmp_path, tests, options, ranks=2, timeout=180):
+    """pytest on the user's test file ``tests`` under ``mpiexec -n ranks`` (``None``:
+    a serial pytest), in ``tmp_path``."""
+    (tmp_path / "test_user.py").write_text(tests)
     env = without_launcher(("SLURM_", "PYTEST_"))
     env["PYTHONPATH"] = str(ROOT)
-    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "pytest", "-q", "-s", "--with-mpi",
-           "-p", "no:cacheprovider", *_plugin_args(), *options, "test_user.py"]
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no",
+           *_plugin_args(), *options, "test_user.py"]
+    if ranks is not None:
+        cmd = [mpiexec(), "-n", str(ranks), *cmd]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=180)
+                          timeout=timeout)
+
+
+def _run_user_tests(tmp_path, *options):
+    return _pytest(tmp_path, USER_TESTS, ["-q", "-s", "--with-mpi", *options])
 
 
 # -- the fixtures, under MPI ------------------------------------------------------------
@@ -104,3 +115,162 @@ def test_plugin_loads_without_mpi_and_registers_its_options():
                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     for option in ("--hpccomm-rank0-output", "--hpccomm-rank-log-dir", "--hpccomm-timeout"):
         assert option in helped.stdout
+    for option in ("--hpccomm-lockstep", "--hpccomm-test-timeout", "--hpccomm-results"):
+        assert option in helped.stdout
+
+
+# -- lockstep: one verdict per test, ranks kept in step ----------------------------------
+LOCKSTEP_TESTS = """\
+import time
+
+import numpy as np
+
+
+def test_fails_on_rank_1_only(hpccomm_dist):
+    assert hpccomm_dist.get_rank() != 1, "rank 1 disagrees"
+    hpccomm_dist.all_reduce(np.ones(4))  # the other ranks wait here for rank 1
+
+
+def test_all_reduce_after_the_failure(hpccomm_dist):
+    x = np.ones(4)
+    hpccomm_dist.all_reduce(x)
+    assert x[0] == hpccomm_dist.get_world_size()
+
+
+def test_hangs_on_rank_2(hpccomm_dist):
+    if hpccomm_dist.get_rank() == 2:
+        time.sleep(120)
+    hpccomm_dist.barrier()
+
+
+def test_collectives_after_the_hang(hpccomm_dist):
+    x = np.arange(3) + hpccomm_dist.get_rank()
+    hpccomm_dist.all_reduce(x)
+    objects = [None] * hpccomm_dist.get_world_size()
+    hpccomm_dist.all_gather_object(objects, hpccomm_dist.get_rank())
+    assert objects == list(range(hpccomm_dist.get_world_size()))
+"""
+TEST_TIMEOUT_S = 4
+
+
+@pytest.fixture(scope="module")
+def lockstep_run(tmp_path_factory):
+    """One ``mpiexec -n 4 pytest --hpccomm-test-timeout`` of LOCKSTEP_TESTS, timed."""
+    started = time.monotonic()
+    where = tmp_path_factory.mktemp("lockstep")
+    result = _pytest(where, LOCKSTEP_TESTS, ["-q", f"--hpccomm-test-timeout={TEST_TIMEOUT_S}",
+                                             "--hpccomm-results=results.jsonl"], ranks=4)
+    return result, time.monotonic() - started, where
+
+
+def test_lockstep_reports_a_one_rank_failure_once_and_goes_on(lockstep_run):
+    result, _, _ = lockstep_run
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    assert out.count("FAILED test_user.py::test_fails_on_rank_1_only") == 1, out
+    assert out.count("failed on rank 1 of 4: AssertionError: rank 1 disagrees") == 1, out
+    assert "ranks 0, 2 and 3 stopped when it failed there" in out
+    assert "2 failed, 2 passed" in out and out.count(" passed") == 2, out  # rank 0 only
+    assert "each (test, world size) once: 2 passed, 2 failed" in out
+
+
+def test_lockstep_timeout_names_the_hung_rank_and_where_it_was(lockstep_run):
+    result, seconds, _ = lockstep_run
+    out = result.stdout
+    assert out.count("FAILED test_user.py::test_hangs_on_rank_2") == 1, out
+    assert (f"rank 2 of 4 did not finish within the test's timeout ({TEST_TIMEOUT_S} s); "
+            f"ranks 0, 1 and 3 waited for it in hpccomm.barrier") in out, out
+    assert "----- rank 2: where it was at the timeout -----" in out
+    assert "time.sleep(120)" in out  # rank 2's stack
+    assert "test_collectives_after_the_hang" not in out.split("short test summary")[1]
+    assert seconds < 100, f"the session took {seconds:.0f} s"
+
+
+def test_lockstep_writes_the_agreed_outcomes(lockstep_run):
+    _, _, where = lockstep_run
+    with (where / "results.jsonl").open() as handle:
+        records = [json.loads(line) for line in handle]
+    assert [(r["nodeid"].split("::")[1], r["outcome"], r["size"]) for r in records] == [
+        ("test_fails_on_rank_1_only", "failed", 4),
+        ("test_all_reduce_after_the_failure", "passed", 4),
+        ("test_hangs_on_rank_2", "failed", 4),
+        ("test_collectives_after_the_hang", "passed", 4)]
+
+
+STUCK_IN_C_TESTS = """\
+import numpy as np
+
+
+def test_stuck_in_c_on_rank_1(hpccomm_dist):
+    if hpccomm_dist.get_rank() == 1:
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Recv(np.empty(1), source=0, tag=999)  # never sent
+
+
+def test_never_reached(hpccomm_dist):
+    hpccomm_dist.barrier()
+"""
+
+
+def test_lockstep_rank_stuck_in_c_is_reported_and_the_job_ends(tmp_path):
+    result = _pytest(tmp_path, STUCK_IN_C_TESTS, ["-q", "--hpccomm-test-timeout=2"],
+                     ranks=2, timeout=120)
+    out = result.stdout
+    assert result.returncode != 0, out + result.stderr
+    assert "rank 1 of 2 did not finish within the test's timeout (2 s)" in out, out
+    assert "----- rank 1: never reported" in out
+    assert "MPI.COMM_WORLD.Recv(np.empty(1), source=0, tag=999)" in out  # its stack
+    assert "Interrupted: rank 1 never reported the outcome" in out
+    assert "test_never_reached" not in out
+
+
+# -- parallel(nprocs=...): several world sizes from one pytest ---------------------------
+SIZES_TESTS = """\
+import numpy as np
+import pytest
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 4])
+def test_sum(hpccomm_dist):
+    x = np.ones(3)
+    hpccomm_dist.all_reduce(x)
+    assert x[0] == hpccomm_dist.get_world_size()
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 4])
+def test_fails_at_four(hpccomm_dist):
+    assert hpccomm_dist.get_world_size() < 4 or hpccomm_dist.get_rank() != 3
+
+
+@pytest.mark.parallel(2)
+def test_no_gpu(hpccomm_dist):
+    pytest.skip("no GPU on this machine")
+
+
+def test_serial():
+    pass
+"""
+
+
+def test_parallel_marker_from_a_serial_pytest_runs_each_size(tmp_path):
+    result = _pytest(tmp_path, SIZES_TESTS, ["-v"], ranks=None)
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    for name in ("test_sum", "test_fails_at_four"):
+        for n, outcome in ((1, "PASSED"), (2, "PASSED"), (4, "PASSED")):
+            if name == "test_fails_at_four" and n == 4:
+                outcome = "FAILED"
+            assert f"test_user.py::{name}[n={n}] {outcome}" in out, out
+    assert "test_user.py::test_no_gpu[n=2] SKIPPED" in out
+    assert "test_user.py::test_serial PASSED" in out
+    assert "failed on rank 3 of 4" in out
+    assert ("each (test, world size) once: 6 passed, 1 failed, 1 skipped" in out
+            and "skipped: 1 no GPU" in out), out
+
+
+def test_parallel_marker_under_mpiexec_runs_the_job_size(tmp_path):
+    result = _pytest(tmp_path, SIZES_TESTS, ["-q", "-rs", "--hpccomm-lockstep"], ranks=2)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert ("3 passed, 5 skipped" in out and "skipped: 2 needs 1 rank, 2 needs 4 ranks, "
+            "1 no GPU" in out), out
