@@ -16,6 +16,7 @@ Fixtures (distinct from pytest-mpi's ``mpi_tmp_path`` and from any project's own
 Option ``--hpccomm-rank0-output`` (or ini ``hpccomm_rank0_output = true``): only rank 0
 writes to the terminal; other ranks write to ``--hpccomm-rank-log-dir`` (default: the
 null device), so the output of ``mpiexec -n 4 pytest`` is read once, not four times.
+``--junitxml=report-{rank}.xml``: each rank writes its own report.
 
 Option ``--hpccomm-lockstep`` (ini ``hpccomm_lockstep = true``), under a launcher: after
 each test the ranks agree on its outcome; a test that failed on any rank fails on every
@@ -205,10 +206,13 @@ def pytest_configure(config: Any) -> None:
                    "test[n=k]; a serial pytest starts one mpiexec per size")
     state = config.stash[_SESSION] = _Session()
     stated = _stated()
+    xmlpath = getattr(config.option, "xmlpath", None)  # read by junitxml after this hook
+    if xmlpath and "{rank}" in xmlpath:
+        config.option.xmlpath = xmlpath.replace("{rank}", str(_launcher_rank()))
+    elif xmlpath and stated is not None and stated[0] != 0 and _lockstep_wanted(config):
+        config.option.xmlpath = None  # rank 0's report holds the agreed outcomes
     if _lockstep_wanted(config) and stated is not None:
         state.closing_line = True
-        if stated[0] != 0:  # rank 0's report holds the agreed outcomes (before junitxml)
-            config.option.xmlpath = None
 
 
 def pytest_generate_tests(metafunc: Any) -> None:

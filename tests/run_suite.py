@@ -1,8 +1,9 @@
 """Run the whole test suite: serial tests, then MPI tests at 1, 2 and 4 ranks.
 
-Each MPI run is ``mpiexec -n N python tests/rank_pytest.py -m mpi --with-mpi``; every
-rank writes JUnit XML and rank > 0 writes its output to a log, which is printed only
-if that rank failed. The exit status is non-zero if anything failed or a run outlived
+Each MPI run is ``mpiexec -n N python -m pytest -m mpi --with-mpi`` with hpccomm's
+pytest plugin: every rank writes JUnit XML (``--junitxml=...-rank{rank}.xml``) and rank
+> 0 writes its output to a log (``--hpccomm-rank0-output``), which is printed only if
+that rank failed. The exit status is non-zero if anything failed or a run outlived
 its time limit.
 
 The last line is one pytest-style summary that counts each (test, world size) once, not
@@ -28,7 +29,6 @@ import collections
 import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -37,18 +37,18 @@ import xml.etree.ElementTree as ET
 
 from launcher_env import mpiexec  # this directory is the script's: sys.path[0]
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hpccomm.testing import outcomes as counting  # noqa: E402  (counting, skip reasons)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One directory per run, so that runs started at the same time do not mix reports.
 REPORTS = os.path.join(ROOT, ".test-reports", f"run-{os.getpid()}")
 RUN_LIMIT_S = int(os.environ.get("HPCCOMM_TEST_RUN_LIMIT", "1500"))
 
-#: (pattern, reason) in order: the first pattern found in a skip message names its group.
-SKIP_REASONS = [
-    (r"requires (\d+) MPI processes", "needs {0} ranks"),
-    (r"needs exactly (\d+) ranks", "needs exactly {0} ranks"),
+#: (pattern, reason) in order: the first pattern found in a skip message names its group;
+#: the plugin's general ones first, then this suite's own.
+SKIP_REASONS = counting.SKIP_PATTERNS + [
     (r"even number of ranks", "needs an even rank count"),
-    (r"\bGPU\b|CUDA|CuPy|NCCL", "no GPU"),
-    (r"torch is not installed|needs torch", "needs torch"),
     (r"ml_dtypes", "needs ml_dtypes"),
     (r"no direct form with this MPI library", "no direct form of small-integer sums (Open MPI)"),
     (r"Slurm", "no Slurm"),
@@ -89,14 +89,7 @@ def run(cmd, label, env=None):
 
 def skip_reason(message):
     """The group a skip message belongs to ("no GPU", "needs 4 ranks"...)."""
-    for pattern, reason in SKIP_REASONS:
-        found = re.search(pattern, message or "")
-        if found:
-            return reason.format(*found.groups())
-    text = " ".join((message or "no reason given").split())
-    text = re.sub(r"^Skipped: ", "", text)
-    text = re.split(r" \(|; |: |\. ", text)[0]  # the first clause says why
-    return text if len(text) <= 70 else text[:70].rsplit(" ", 1)[0] + " ..."
+    return counting.skip_reason(message, SKIP_REASONS)
 
 
 def rank_outcomes(path):
@@ -122,21 +115,6 @@ def rank_outcomes(path):
     return found
 
 
-def merge_ranks(per_rank):
-    """One outcome per test from every rank's: failed anywhere -> failed; skipped on all
-    ranks -> skipped (first rank's reason); else passed."""
-    merged = {}
-    for test in set().union(*per_rank):
-        seen = [ranks[test] for ranks in per_rank if test in ranks]
-        if any(outcome == "failed" for outcome, _ in seen):
-            merged[test] = ("failed", None)
-        elif all(outcome == "skipped" for outcome, _ in seen):
-            merged[test] = ("skipped", seen[0][1])
-        else:
-            merged[test] = ("passed", None)
-    return merged
-
-
 def collect(world, pattern, expected_ranks, code, problems):
     """``{"world|test": (outcome, reason)}`` for one run's reports; a missing report, or
     a failing exit status that no failed test explains, goes to ``problems``."""
@@ -148,8 +126,9 @@ def collect(world, pattern, expected_ranks, code, problems):
             problems.append(f"{world}: rank {rank} wrote no readable report")
             continue
         per_rank.append(outcomes)
+    merged = counting.merge_ranks(per_rank) if per_rank else {}
     found = {f"{world}|{test}": (outcome, skip_reason(message) if outcome == "skipped" else None)
-             for test, (outcome, message) in merge_ranks(per_rank).items()} if per_rank else {}
+             for test, (outcome, message) in merged.items()}
     if code != 0 and not any(outcome == "failed" for outcome, _ in found.values()):
         problems.append(f"{world}: exit status {code}")
     return found
@@ -171,14 +150,7 @@ def summary_line(records):
                 failed_tests.append(f"[{record['label']}] {key}")
         problems += [f"[{record['label']}] {p}" for p in record["problems"]]
     failed = counts["failed"] + len(problems)
-    parts = [f"{counts['passed']} passed"]
-    if failed:
-        parts.append(f"{failed} failed")
-    if counts["skipped"]:
-        parts.append(f"{counts['skipped']} skipped")
-    line = f"{', '.join(parts)} in {duration:.2f}s"
-    if reasons:
-        line += "; skipped: " + ", ".join(f"{n} {why}" for why, n in reasons.most_common())
+    line = counting.count_line(counts, reasons, duration, failed)
     labels = sorted({r["label"] for r in records})
     if len(labels) > 1:
         line += f"; runs: {', '.join(labels)}"
@@ -232,14 +204,17 @@ def main():
     env = simulated_nodes(args.nodes)
     placed = f" as {args.nodes} nodes" if args.nodes > 1 else ""
     for n in [int(x) for x in args.ranks.split(",") if x]:
-        cmd = [mpiexec(), "-n", str(n), sys.executable, os.path.join("tests", "rank_pytest.py"),
-               REPORTS, str(n), "-q", "-m", "mpi", "--with-mpi", "-p", "no:cacheprovider", *extra]
+        cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pytest", "-q", "-m", "mpi",
+               "--with-mpi", "-p", "no:cacheprovider", "--hpccomm-rank0-output",
+               f"--hpccomm-rank-log-dir={REPORTS}/n{n}",
+               f"--junitxml={REPORTS}/n{n}-rank{{rank}}.xml", *extra]
         code = run(cmd, f"MPI tests at {n} ranks{placed}", env)
         outcomes.update(collect(f"n={n}{placed}", f"n{n}-rank{{rank}}.xml", n, code, problems))
-        for log in sorted(glob.glob(os.path.join(REPORTS, f"n{n}-rank*.log"))):
-            outcomes_here = rank_outcomes(log[:-4] + ".xml")
+        for log in sorted(glob.glob(os.path.join(REPORTS, f"n{n}", "rank-*.log"))):
+            rank = os.path.basename(log)[len("rank-"):-len(".log")]
+            outcomes_here = rank_outcomes(os.path.join(REPORTS, f"n{n}-rank{rank}.xml"))
             if outcomes_here is None or any(o == "failed" for o, _ in outcomes_here.values()):
-                print(f"----- output of {os.path.basename(log)} (it failed) -----")
+                print(f"----- output of rank {rank} at n={n} (it failed) -----")
                 with open(log, errors="replace") as handle:
                     print(handle.read()[-20000:])
     shutil.rmtree(REPORTS, ignore_errors=True)
