@@ -112,8 +112,6 @@ class Lockstep:
     def __init__(self, timeout: float, grace: float, start_limit: float):
         from mpi4py import MPI
 
-        from ..backends import mpi as backend
-
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise LockstepError(
                 "--hpccomm-lockstep needs MPI initialized with MPI_THREAD_MULTIPLE (its "
@@ -151,7 +149,7 @@ class Lockstep:
         self._watchdog.start()
 
     # -- MPI helpers ------------------------------------------------------------------
-    def _wait(self, request: Any, until: float, what: str) -> bool:
+    def _wait(self, request: Any, until: float) -> bool:
         """Poll ``request`` until it completes (True) or ``until`` passes (False)."""
         while not request.Test():
             if time.monotonic() > until:
@@ -161,7 +159,7 @@ class Lockstep:
 
     def _idup(self, comm: Any, limit: float, what: str) -> Any:
         new, request = comm.Idup()
-        if not self._wait(request, time.monotonic() + limit, what):
+        if not self._wait(request, time.monotonic() + limit):
             raise LockstepError(f"rank {self.rank}/{self.size}: not every rank came to "
                                 f"{what} within {limit:.0f} s")
         new.Set_errhandler(self.MPI.ERRORS_RETURN)
@@ -191,7 +189,7 @@ class Lockstep:
                         dtype=np.int64)
         every = np.empty((self.size, 3), dtype=np.int64)
         request = self.ctl.Iallgather(mine, every)
-        if not self._wait(request, time.monotonic() + self.timeout, "collection"):
+        if not self._wait(request, time.monotonic() + self.timeout):
             raise LockstepError(f"rank {self.rank}/{self.size}: not every rank finished "
                                 f"collecting within {self.timeout:.0f} s")
         if all((row == every[0]).all() for row in every):
@@ -199,7 +197,8 @@ class Lockstep:
         lines = [f"rank {r}: {n} tests, {e} collection errors" for r, (_, n, e)
                  in enumerate(every.tolist())]
         raise LockstepError("the ranks collected different tests or failed to collect, "
-                            "so they cannot run them in step:\n  " + "\n  ".join(lines))
+                            "so they cannot run them in step (each rank's own errors: "
+                            "--hpccomm-rank-log-dir=DIR):\n  " + "\n  ".join(lines))
 
     # -- one test, main thread ----------------------------------------------------------
     def start_test(self, nodeid: str) -> None:
@@ -454,7 +453,7 @@ class Lockstep:
             return  # a stuck rank would never complete the frees: abort() ends the job
         until = time.monotonic() + self.grace
         for request in self.sends:
-            if not self._wait(request, until, "the last messages"):
+            if not self._wait(request, until):
                 break
         for comm in (self.ctl, self.base):
             comm.Free()
