@@ -1,7 +1,7 @@
 """Collectives beside a busy Python thread: waiting in C (the GIL released once) against
 a Python loop of tests.
 
-Run under an MPI launcher; rank 0 writes the results into docs/::
+Run under an MPI launcher; rank 0 writes the results into docs/results/::
 
     mpiexec -n 2 python benchmarks/busy_thread.py        # ~1 minute on 2 idle cores
 
@@ -12,11 +12,10 @@ installed, ``torch.distributed.all_reduce`` on backend "hpccomm" with ``ReduceOp
 (not the direct form of sums). The hpccomm variants run twice: waiting with the MPI
 backend's C spin (the default) and with it switched off, which is a loop of mpi4py
 ``Request.Test`` calls that releases and retakes the GIL at every test. Outputs
-``docs/bench_busy_thread_n{N}.csv``, ``.md`` and ``.png``.
+``docs/results/bench_busy_thread_n{N}.csv``, ``.md`` and ``.png``.
 """
 from __future__ import annotations
 
-import csv
 import datetime
 import os
 import platform
@@ -29,7 +28,8 @@ from mpi4py import MPI
 from hpccomm import collectives, init, work
 from hpccomm.bench import measure, size_plot, size_text
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import result, write_csv
+
 SIZES = [8, 4096, 256 * 1024]
 
 
@@ -86,11 +86,8 @@ def main() -> None:
                 "date": datetime.datetime.now().isoformat(timespec="seconds"),
                 "mpi": " ".join(MPI.Get_library_version().split()[:3]),
                 "native": native is not None}
-        stem = os.path.join(ROOT, "docs", f"bench_busy_thread_n{comm.size}")
-        with open(stem + ".csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        stem = result(f"bench_busy_thread_n{comm.size}")
+        write_csv(stem + ".csv", rows)
         names = [k[:-3] for k in rows[0] if k.endswith(" us")]
         with open(stem + ".md", "w") as f:
             f.write(markdown(rows, names, meta))

@@ -2,7 +2,7 @@
 
 Run under an MPI launcher (2 and 4 ranks)::
 
-    mpiexec -n 2 python benchmarks/collectives.py --out docs/bench_collectives_n2.csv
+    mpiexec -n 2 python benchmarks/collectives.py --out docs/results/bench_collectives_n2.csv
 
 The measurement itself is :mod:`hpccomm.bench` (what ``hpccomm bench`` runs): every
 process initializes both hpccomm (MPI) and torch.distributed with the gloo backend, and
@@ -19,7 +19,6 @@ memory ceiling for large all_reduce).
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import os
@@ -31,6 +30,8 @@ from mpi4py import MPI
 
 import hpccomm as dist
 from hpccomm.bench import DEFAULT_SIZES, OPS, VARIANTS, batch_time, init_gloo, run, size_text
+
+from common import result, write_csv
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -111,7 +112,7 @@ def copy_bandwidth(comm, nbytes=64 * MiB, rounds=15):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=None, help="CSV path (default docs/bench_collectives_n<N>.csv)")
+    parser.add_argument("--out", default=None, help="CSV path (default docs/results/bench_collectives_n<N>.csv)")
     parser.add_argument("--sizes", default=None, help="comma-separated byte sizes")
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--budget", type=float, default=0.5,
@@ -124,8 +125,7 @@ def main():
     import torch
 
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
-    docs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs")
-    out = args.out or os.path.join(docs, f"bench_collectives_n{n}.csv")
+    out = args.out or result(f"bench_collectives_n{n}.csv")
     t_start = time.time()
     if rank == 0:
         print(f"# {n} ranks; {MPI.Get_library_version().splitlines()[0].strip()}; "
@@ -150,11 +150,7 @@ def main():
     membw = copy_bandwidth(comm)
     if rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w", newline="") as f:
-            fields = list(dict.fromkeys(key for row in rows for key in row))
-            writer = csv.DictWriter(f, fieldnames=fields, restval="")  # not every op has
-            writer.writeheader()                                       # every variant
-            writer.writerows(rows)
+        write_csv(out, rows)  # not every op has every variant: those cells stay empty
         meta = dict(ranks=n, mpi=MPI.Get_library_version().splitlines()[0].strip(),
                     torch=torch.__version__, hpccomm=dist.__version__, store="default",
                     copy_GBs_all_ranks=membw, seconds=time.time() - t_start,
@@ -164,10 +160,7 @@ def main():
         with open(base + ".json", "w") as f:
             json.dump(meta, f, indent=1)
         if objects:
-            with open(base.replace("collectives", "objects") + ".csv", "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=list(objects[0]))
-                writer.writeheader()
-                writer.writerows(objects)
+            write_csv(base.replace("collectives", "objects") + ".csv", objects)
             for o in objects:
                 print(f"{o['op']:22s} {o['object']:18s} {o['pickled_bytes']:>8d} B  "
                       f"hpccomm {o['hpccomm_us']:9.1f} us  mpi4py {o['mpi4py_us']:9.1f} us  "

@@ -1,6 +1,6 @@
 """What work between two collectives costs them: CPU time against memory touched.
 
-Run under an MPI launcher; rank 0 writes the results into docs/::
+Run under an MPI launcher; rank 0 writes the results into docs/results/::
 
     mpiexec -n 2 python benchmarks/footprint.py          # ~30 s on 2 idle cores
 
@@ -15,11 +15,10 @@ Why it matters: from about 1 MiB the bare loop's buffers and MPI's shared-memory
 nearly fill a core's cache, and work that evicts part of them costs several times its
 own time in the next collective (a spin that touches no memory costs far less). A tight loop of raw calls is the one program that
 touches nothing between them; a framework's wrapper, or any real program, does. Outputs
-``docs/bench_footprint_n{N}.csv``, ``.md`` and ``.png``.
+``docs/results/bench_footprint_n{N}.csv``, ``.md`` and ``.png``.
 """
 from __future__ import annotations
 
-import csv
 import datetime
 import os
 import platform
@@ -31,7 +30,8 @@ from mpi4py import MPI
 
 from hpccomm.bench import measure, size_plot, size_text
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import result, write_csv
+
 KiB, MiB = 1024, 1024 * 1024
 SIZES = [256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB]
 SPINS_US = [2, 10]
@@ -93,11 +93,8 @@ def main() -> None:
                 "date": datetime.datetime.now().isoformat(timespec="seconds"),
                 "mpi": " ".join(MPI.Get_library_version().split()[:3]),
                 "own_us": {name: t * 1e6 for name, t in own.items()}}
-        stem = os.path.join(ROOT, "docs", f"bench_footprint_n{comm.size}")
-        with open(stem + ".csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        stem = result(f"bench_footprint_n{comm.size}")
+        write_csv(stem + ".csv", rows)
         with open(stem + ".md", "w") as f:
             f.write(markdown(rows, list(works), meta))
         plot(rows, list(works), meta, stem + ".png")

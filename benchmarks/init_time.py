@@ -11,7 +11,7 @@ done (imports are timed separately) and after every rank has finished importing 
 ``ready.<rank>`` file per rank in ``--sync-dir``: otherwise the first rank's init would
 include waiting for the slowest rank's ``import torch``, seconds on a loaded machine);
 rank 0 prints one JSON line with the maxima over ranks. ``--driver`` runs the launches for several sizes and libraries (interleaved,
-``--repeats`` times each) and writes ``docs/bench_init.csv`` with the medians.
+``--repeats`` times each) and writes ``docs/results/bench_init.csv`` with the medians.
 
 hpccomm's init includes MPI_Init (hpccomm starts MPI in ``init_process_group``); gloo's
 includes the TCPStore rendezvous (rank and size come from the launcher's PMI_RANK and
@@ -20,7 +20,6 @@ PMI_SIZE, the port from ``--port``).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import socket
@@ -30,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from common import result, write_csv
 
 
 class _NullStore:
@@ -133,11 +134,8 @@ def driver(args):
                          min_init_plus_barrier_ms=min(s[3] for s in samples) * 1e3,
                          mpi_init_ms=med[4] * 1e3, launches=len(samples),
                          note=notes[(n, lib)]))
-    out = args.out or os.path.join(here, "..", "docs", "bench_init.csv")
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    out = args.out or result("bench_init.csv")
+    write_csv(out, rows)
     print(f"wrote {os.path.normpath(out)}")
 
 

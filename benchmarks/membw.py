@@ -13,11 +13,10 @@ algorithm bandwidth of the collectives. The same ceiling is measured again insid
 ``benchmarks/collectives.py`` (the ``ceiling`` variant), interleaved with the
 collectives, which is what the plot and the verdicts use; this script gives the curve
 over sizes on its own, plus rank 0's single-process ``np.copyto`` rate for reference.
-Appends its rows for this rank count to ``docs/bench_membw.csv`` (replacing older ones).
+Appends its rows for this rank count to ``docs/results/bench_membw.csv`` (replacing older ones).
 """
 from __future__ import annotations
 
-import csv
 import os
 import statistics
 import time
@@ -27,9 +26,9 @@ from mpi4py import MPI
 
 from hpccomm.bench import SHM_OPS, ceiling
 
+from common import read_csv, result, write_csv
+
 KiB, MiB = 1024, 1024 * 1024
-HERE = os.path.dirname(os.path.abspath(__file__))
-DOCS = os.path.normpath(os.path.join(HERE, "..", "docs"))
 SIZES = [256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 FIELDS = ["ranks", "what", "bytes", "us", "GBs"]
 
@@ -68,16 +67,10 @@ def main():
             seconds = timed(MPI.COMM_SELF, lambda: np.copyto(dst, src), nbytes)
             rows.append(dict(ranks=1, what="np.copyto, one process alone", bytes=nbytes,
                              us=round(seconds * 1e6, 2), GBs=round(nbytes / seconds / 1e9, 3)))
-        path = os.path.join(DOCS, "bench_membw.csv")
-        old = []
-        if os.path.exists(path):
-            with open(path, newline="") as f:
-                old = [r for r in csv.DictReader(f) if set(r) == set(FIELDS)
-                       and int(r["ranks"]) not in (n, 1)]
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=FIELDS)
-            writer.writeheader()
-            writer.writerows(old + rows)
+        path = result("bench_membw.csv")
+        old = [r for r in (read_csv(path) if os.path.exists(path) else [])
+               if set(r) == set(FIELDS) and int(r["ranks"]) not in (n, 1)]
+        write_csv(path, old + rows, FIELDS)
         for r in rows:
             print(f"{r['ranks']} ranks  {r['what']:38s} {r['bytes'] // KiB:>8d} KiB "
                   f"{r['us']:>10.1f} us {r['GBs']:8.2f} GB/s")

@@ -4,7 +4,7 @@ MPI between) against flat MPI, on the same buffers, interleaved round by round.
 Run it as a job of several nodes, or simulate two nodes on one machine with MPICH:
 
     MPIR_CVAR_NUM_CLIQUES=2 MPIR_CVAR_CLIQUES_BY_BLOCK=1 \\
-        mpiexec -n 4 python benchmarks/multinode.py [--out docs/bench_multinode]
+        mpiexec -n 4 python benchmarks/multinode.py [--out docs/results/bench_multinode]
 
 Three variants per size: ``hpccomm`` (a group made with ``HPCCOMM_SHM_MIN_BYTES=1``:
 the three steps of hpccomm/backends/shm_hier.py at every size), ``hpccomm flat`` (a

@@ -8,12 +8,11 @@ with the thread's CPU clock (``time.thread_time_ns``: immune to other processes 
 core on this shared 2-core machine), best of 7 loops of 20,000 calls, minus nothing (the
 cost of calling an empty lambda is listed as its own row). Also counts the Python-level
 function calls per operation (cProfile) and lists the functions that cost the most.
-Writes ``docs/bench_hotpath.csv`` and prints a table.
+Writes ``docs/results/bench_hotpath.csv`` and prints a table.
 """
 from __future__ import annotations
 
 import cProfile
-import csv
 import io
 import os
 import pstats
@@ -25,8 +24,8 @@ from mpi4py import MPI
 
 import hpccomm as dist
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DOCS = os.path.normpath(os.path.join(HERE, "..", "docs"))
+from common import result, write_csv
+
 
 
 class _NullStore:
@@ -134,10 +133,7 @@ def main():
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
     print(buf.getvalue())
-    with open(os.path.join(DOCS, "bench_hotpath.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["piece", "ns"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(result("bench_hotpath.csv"), rows, ["piece", "ns"])
     dist.destroy_process_group()
 
 

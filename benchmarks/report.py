@@ -1,8 +1,8 @@
-"""Turn the benchmark CSVs in ``docs/`` into tables, a plot and the target verdicts.
+"""Turn the benchmark CSVs in ``docs/results/`` into tables, a plot and the target verdicts.
 
-Reads ``docs/bench_collectives_n*.csv`` (+ ``.json``), ``docs/bench_objects_n*.csv``,
-``docs/bench_init.csv``, ``docs/bench_membw.csv`` and ``docs/bench_hotpath.csv`` (any may
-be missing), writes ``docs/performance.png`` and rewrites the generated blocks of
+Reads ``bench_collectives_n*.csv`` (+ ``.json``), ``bench_objects_n*.csv``,
+``bench_init.csv``, ``bench_membw.csv`` and ``bench_hotpath.csv`` of ``docs/results/`` (any
+may be missing), writes ``docs/results/performance.png`` and rewrites the generated blocks of
 ``docs/performance.md`` (``<!-- generated:NAME -->`` ... ``<!-- /generated:NAME -->``),
 leaving the hand-written text around them alone. Prints the tables too.
 """
@@ -15,8 +15,10 @@ import os
 import re
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DOCS = os.environ.get("BENCH_DOCS") or os.path.normpath(os.path.join(HERE, "..", "docs"))
+from common import RESULTS, ROOT
+
+#: performance.md, whose generated blocks this rewrites (``$BENCH_DOCS`` for a trial)
+DOCS = os.environ.get("BENCH_DOCS") or os.path.join(ROOT, "docs")
 OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
        "all_to_all_single", "send_recv"]
 VARIANTS = ["hpccomm", "hpccomm_async", "mpi4py", "mpi4py_nb", "gloo"]
@@ -62,7 +64,7 @@ def table(header, rows):
 
 def load():
     data = {}
-    for path in sorted(glob.glob(os.path.join(DOCS, "bench_collectives_n*.csv"))):
+    for path in sorted(glob.glob(os.path.join(RESULTS, "bench_collectives_n*.csv"))):
         n = int(re.search(r"_n(\d+)\.csv$", path).group(1))
         meta_path = path[:-4] + ".json"
         meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
@@ -197,7 +199,7 @@ def _verdict_rows(n, rcs, stat):
 def _hotpath_rows():
     """The 8 B targets judged on CPU time in one process (load-independent; the extra
     cost of the nonblocking MPI call at 2+ ranks is not in it)."""
-    path = os.path.join(DOCS, "bench_hotpath.csv")
+    path = os.path.join(RESULTS, "bench_hotpath.csv")
     if not os.path.exists(path):
         return []
     ns = {r["piece"]: r["ns"] for r in read_csv(path)}
@@ -283,7 +285,7 @@ def stats_table(data):
 
 def objects_table():
     body = []
-    for path in sorted(glob.glob(os.path.join(DOCS, "bench_objects_n*.csv"))):
+    for path in sorted(glob.glob(os.path.join(RESULTS, "bench_objects_n*.csv"))):
         n = int(re.search(r"_n(\d+)\.csv$", path).group(1))
         for r in read_csv(path):
             body.append([n, r["op"], r["object"], r["pickled_bytes"], us(r["hpccomm_us"]),
@@ -297,7 +299,7 @@ def objects_table():
 
 
 def init_table():
-    path = os.path.join(DOCS, "bench_init.csv")
+    path = os.path.join(RESULTS, "bench_init.csv")
     if not os.path.exists(path):
         return "(not measured)"
     rows = read_csv(path)
@@ -322,7 +324,7 @@ def init_table():
 
 def membw_table():
     """Each rank count's ceiling at 16 and 64 MiB, from benchmarks/membw.py."""
-    path = os.path.join(DOCS, "bench_membw.csv")
+    path = os.path.join(RESULTS, "bench_membw.csv")
     if not os.path.exists(path):
         return "(not measured)"
     rows = [r for r in read_csv(path) if "ranks" in r]
@@ -349,7 +351,7 @@ def membw_curve():
 
 
 def hotpath_table():
-    path = os.path.join(DOCS, "bench_hotpath.csv")
+    path = os.path.join(RESULTS, "bench_hotpath.csv")
     if not os.path.exists(path):
         return "(not measured)"
     rows = read_csv(path)
@@ -410,7 +412,7 @@ def plot(data):
     axes[0][0].legend(fontsize=7)
     axes[2][0].legend(fontsize=6, loc="upper left")
     fig.tight_layout()
-    out = os.path.join(DOCS, "performance.png")
+    out = os.path.join(RESULTS, "performance.png")
     fig.savefig(out, dpi=70)
     return out
 
@@ -427,7 +429,7 @@ Regenerate everything (CSV, plot, the tables below) with one command:
 <!-- generated:targets -->
 <!-- /generated:targets -->
 
-![collectives](performance.png)
+![collectives](results/performance.png)
 
 <!-- generated:collectives_n2 -->
 <!-- /generated:collectives_n2 -->

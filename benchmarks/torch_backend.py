@@ -1,6 +1,6 @@
 """torch.distributed on backend "hpccomm" vs "gloo" vs raw mpi4py, side by side in ONE run.
 
-Run under an MPI launcher; rank 0 writes the results into docs/::
+Run under an MPI launcher; rank 0 writes the results into docs/results/::
 
     mpiexec -n 2 python benchmarks/torch_backend.py          # ~2 minutes on 2 idle cores
 
@@ -28,9 +28,9 @@ same MLP on "hpccomm" and on "gloo", and the same step with the gradients all-re
 one ``comm.Allreduce`` of a flat buffer (no overlap: the floor of the communication),
 measured the same way.
 
-Outputs: ``docs/bench_torch_n{N}.csv`` (one row per size), ``docs/bench_torch_n{N}.json``
-(metadata: load average before and after, versions), ``docs/bench_torch_n{N}.md`` (the
-tables and the goals checked) and ``docs/bench_torch_n{N}.png`` (the plot).
+Outputs: ``docs/results/bench_torch_n{N}.csv`` (one row per size), ``docs/results/bench_torch_n{N}.json``
+(metadata: load average before and after, versions), ``docs/results/bench_torch_n{N}.md`` (the
+tables and the goals checked) and ``docs/results/bench_torch_n{N}.png`` (the plot).
 """
 from __future__ import annotations
 
@@ -54,9 +54,10 @@ from hpccomm import collectives as hpccomm_collectives
 from hpccomm import init as hpccomm_init
 from hpccomm.bench import DEFAULT_SIZES, measure, size_text
 
+from common import result, write_csv
+
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ["mpi4py", "hpccomm_numpy", "torch_hpccomm", "torch_hpccomm_async", "gloo"]
 DDP_VARIANTS = ["mpi4py", "torch_hpccomm", "gloo"]
 KiB = 1024
@@ -263,8 +264,8 @@ def main() -> None:
                         help="seconds of measuring per size (default 1.0)")
     parser.add_argument("--ddp", default="1024x4x32",
                         help="DDP model WIDTHxDEPTHxBATCH, or 'none' (default 1024x4x32)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "docs"),
-                        help="directory for the outputs (default docs/)")
+    parser.add_argument("--out", default=None,
+                        help="directory for the outputs (default docs/results/)")
     parser.add_argument("--render", type=int, metavar="N",
                         help="measure nothing: rewrite the table and plot of an N-rank run "
                              "from its CSV and JSON in --out (no launcher needed)")
@@ -292,11 +293,9 @@ def main() -> None:
                 "torch": torch.__version__,
                 "command": f"mpiexec -n {comm.size} python benchmarks/torch_backend.py",
                 "ddp": ddp}
-        stem = os.path.join(args.out, f"bench_torch_n{comm.size}")
-        with open(stem + ".csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        name = f"bench_torch_n{comm.size}"
+        stem = os.path.join(args.out, name) if args.out else result(name)
+        write_csv(stem + ".csv", rows)
         with open(stem + ".json", "w") as f:
             json.dump(meta, f, indent=1)
         if ddp:

@@ -8,7 +8,7 @@
 # 2. records the GPU, driver, CUDA, NCCL and CuPy versions;
 # 3. runs the GPU tests (tests/test_gpu_collectives.py, cupy-* cases and the rest) at world
 #    size 1, then 2 and 4 ranks where the machine has that many GPUs (one rank per GPU);
-# 4. runs benchmarks/gpu_allreduce.py (hpccomm vs raw cupy.cuda.nccl, same buffers) at
+# 4. runs benchmarks/studies/gpu_allreduce.py (hpccomm vs raw cupy.cuda.nccl, same buffers) at
 #    world size 1 and at the number of GPUs;
 # 5. writes everything to gpu/results/<host>-<UTC time>/ and a summary.md there.
 #
@@ -106,7 +106,7 @@ echo -e "\n## all_reduce bandwidth: hpccomm vs raw cupy.cuda.nccl\n" >>"$SUMMARY
 for n in 1 "$NGPU"; do
     [[ -f "$OUT/bench-n$n.json" ]] && continue
     log "benchmark at $n rank(s)"
-    timeout 1200 "$MPIEXEC" -n "$n" python benchmarks/gpu_allreduce.py --out "$OUT/bench-n$n.json" ${GPU_BENCH_ARGS:-} \
+    timeout 1200 "$MPIEXEC" -n "$n" python benchmarks/studies/gpu_allreduce.py --out "$OUT/bench-n$n.json" ${GPU_BENCH_ARGS:-} \
         >"$OUT/bench-n$n.log" 2>&1 || STATUS=1
     {
         echo "### $n rank(s)"; echo

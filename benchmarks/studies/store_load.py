@@ -17,10 +17,10 @@ MPIStore on one machine in one run:
   MPIStore job, over ``--idle-s`` seconds.
 
 Prints markdown tables and writes them, with the machine's load average, to
-``docs/store-load.md``::
+``docs/results/store-load.md``::
 
-    PYTHONPATH=. python benchmarks/store_load.py            # everything (~2 min on 2 cores)
-    PYTHONPATH=. python benchmarks/store_load.py --quick    # a smoke run
+    PYTHONPATH=. python benchmarks/studies/store_load.py            # everything (~2 min on 2 cores)
+    PYTHONPATH=. python benchmarks/studies/store_load.py --quick    # a smoke run
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from typing import Dict, List, Optional
 CLIENTS = [1, 8]
 PAYLOAD = b"x" * 32
 OPS_TOTAL = 24000  # per repetition, shared by the clients
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def ops_per_client(n: int, quick: bool) -> int:
@@ -308,7 +308,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="*", default=CLIENTS)
     parser.add_argument("--reps", type=int, default=5, help="repetitions per configuration")
     parser.add_argument("--idle-s", type=float, default=5.0, help="idle window (0: skip)")
-    parser.add_argument("--no-write", action="store_true", help="do not write docs/store-load.md")
+    parser.add_argument("--no-write", action="store_true", help="do not write docs/results/store-load.md")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ops", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--tcp-worker", default="", help=argparse.SUPPRESS)
@@ -379,7 +379,7 @@ def write_doc(load_text: str, idle_text: str, reps: int, load_start, seconds: fl
 
 Regenerate with (on a quiet machine; takes about two minutes on 2 cores):
 
-    flock /tmp/hpccomm-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/store_load.py
+    flock /tmp/hpccomm-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/studies/store_load.py
 
 This run: one host with {os.cpu_count()} CPU cores, Python {platform.python_version()}, {when},
 {seconds:.0f} s. Load average at the start: {load_start[0]:.1f} / {load_start[1]:.1f} /
@@ -408,7 +408,7 @@ connected, or every rank keeps the store open), as a percentage of one core.
 
 ## How the stores serve, and where the time goes
 
-See [stores.md](stores.md#how-the-servers-wait) for the design: the TCPStore server
+See [stores.md](../stores.md#how-the-servers-wait) for the design: the TCPStore server
 blocks in `epoll` and, after requests, polls without blocking for a short window, and a
 client polls for its reply before it blocks; clients on the server's host move to a
 Unix socket; the MPIStore server polls MPI during bursts and sleeps between polls, with
@@ -423,7 +423,7 @@ slow and can trail by a few microseconds per request where an idle core wakes at
 The idle table shows what the polling costs once the requests stop: nothing for TCPStore,
 a few tenths of a percent of one core on MPIStore's rank 0.
 """
-    path = os.path.join(ROOT, "docs", "store-load.md")
+    path = os.path.join(ROOT, "docs", "results", "store-load.md")
     with open(path, "w") as f:
         f.write(doc)
     print(f"\nwritten to {os.path.normpath(path)}")

@@ -1,6 +1,6 @@
 """Checkpoint save/load throughput (GB/s) next to the machine's raw file-write speed.
 
-Driver (no MPI of its own): ``python benchmarks/checkpoint_io.py [--mib 256] [--ranks 2,4]``
+Driver (no MPI of its own): ``python benchmarks/studies/checkpoint_io.py [--mib 256] [--ranks 2,4]``
 measures raw writes (``numpy.tofile`` + ``fsync``, and ``dd conv=fsync``) and a cold raw
 read, then runs itself under ``mpiexec -n N`` for each rank count and prints a Markdown
 table. Under mpiexec (``--worker``) it saves a state of ``--mib`` MiB (7/8 sharded along

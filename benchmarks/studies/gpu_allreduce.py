@@ -7,7 +7,7 @@ per call is the median over repeats of ``iters`` back-to-back calls followed by 
 synchronize. Reported: algorithm bandwidth (bytes / time), bus bandwidth
 (``2 (n-1)/n`` x that, as nccl-tests), and the ratio hpccomm time / raw time.
 
-Usage: mpiexec -n N python benchmarks/gpu_allreduce.py [--out result.json]
+Usage: mpiexec -n N python benchmarks/studies/gpu_allreduce.py [--out result.json]
        [--min-bytes 1024] [--max-bytes 268435456] [--iters 50] [--repeats 5]
 """
 import argparse

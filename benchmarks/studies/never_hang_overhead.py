@@ -1,6 +1,6 @@
 """Cost of the never-hang features on ``all_reduce`` (8 B and 1 MiB), 2 ranks.
 
-``python benchmarks/never_hang_overhead.py [--runs 3]`` runs itself under
+``python benchmarks/studies/never_hang_overhead.py [--runs 3]`` runs itself under
 ``mpiexec -n 2`` and prints a Markdown table. Inside one run (``--worker``) four variants
 are interleaved round by round, in a rotating order, so that a busy machine slows them
 alike:
@@ -26,8 +26,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = {"8 B": 1, "1 MiB": 131072}  # float64 elements
 
 

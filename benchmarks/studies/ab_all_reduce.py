@@ -5,8 +5,8 @@ change costs. This script imports both versions into the same processes (the oth
 renamed ``hpccomm_ab``) and alternates between them every few milliseconds, so load
 spikes hit both alike; compare the minimum and 10th percentile.
 
-    mpiexec -n 2 python benchmarks/ab_all_reduce.py /path/to/other/checkout
-    python benchmarks/ab_all_reduce.py /path/to/other/checkout     # a world of one
+    mpiexec -n 2 python benchmarks/studies/ab_all_reduce.py /path/to/other/checkout
+    python benchmarks/studies/ab_all_reduce.py /path/to/other/checkout     # a world of one
 
 Prints, on rank 0, per size (8 B and 1 MiB): min, p10 and median microseconds per call
 for ``this`` and ``other``.
@@ -20,6 +20,8 @@ import tempfile
 import time
 
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def import_other(checkout):
@@ -46,7 +48,7 @@ def import_other(checkout):
 def main():
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, ROOT)
     import hpccomm as this
     other = import_other(sys.argv[1])
     this.init_process_group()

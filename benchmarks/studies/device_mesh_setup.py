@@ -1,6 +1,6 @@
 """What a DeviceMesh costs to set up: making it, its first groups, later look-ups.
 
-Driver (no MPI of its own): ``python benchmarks/device_mesh_setup.py [--ranks 4,8]``
+Driver (no MPI of its own): ``python benchmarks/studies/device_mesh_setup.py [--ranks 4,8]``
 runs itself under ``mpiexec -n N`` for each rank count and prints a Markdown table.
 Each worker makes ``--repeat`` fresh meshes of a 2-D (4 ranks) or 3-D (8 ranks) shape
 and times, per mesh: ``init_device_mesh`` (communicates nothing), the first

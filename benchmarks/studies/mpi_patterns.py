@@ -2,8 +2,8 @@
 
 Run under the MPI library to measure, on 2 ranks (one per core)::
 
-    mpiexec -n 2 python benchmarks/mpi_patterns.py --ops all --sizes all \\
-        --csv docs/bench_patterns_openmpi.csv
+    mpiexec -n 2 python benchmarks/studies/mpi_patterns.py --ops all --sizes all \\
+        --csv docs/results/bench_patterns_openmpi.csv
 
 For each operation and size these variants run interleaved in ONE job, on the same
 buffers, as :func:`hpccomm.bench.measure` does (rounds in a fresh random order, maximum
