@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from common import median_and_best, write_csv
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -97,14 +99,14 @@ def report(times, size, where, kind, default, out):
     rows = [f"{size} ranks, {where.nodes} nodes of {where.local_size} ranks "
             f"({where.describe()}); the measured group is a {kind}; the default group takes "
             f"{default}.", "", header, "|---|---|---|---|---|---|"]
-    csv = ["bytes,variant,best_ms,median_ms"]
+    table = []
     for n in SIZES:
         cells = []
         for name in ("hpccomm", "hpccomm flat", "mpi4py"):
-            values = times[name, n]
-            best, median = min(values) * 1e3, statistics.median(values) * 1e3
+            median, best = (seconds * 1e3 for seconds in median_and_best(times[name, n]))
             cells.append(f"{best:.2f} / {median:.2f}")
-            csv.append(f"{n},{name},{best:.4f},{median:.4f}")
+            table.append({"bytes": n, "variant": name, "best_ms": round(best, 4),
+                          "median_ms": round(median, 4)})
         mine = statistics.median(times["hpccomm", n])
         ratio = statistics.median(times["mpi4py", n]) / mine
         flat_ratio = statistics.median(times["hpccomm flat", n]) / mine
@@ -114,8 +116,7 @@ def report(times, size, where, kind, default, out):
     if out:
         with open(out + ".md", "w") as handle:
             handle.write(text + "\n")
-        with open(out + ".csv", "w") as handle:
-            handle.write("\n".join(csv) + "\n")
+        write_csv(out + ".csv", table)
 
 
 if __name__ == "__main__":
