@@ -93,13 +93,14 @@ def test_recipe_trains_like_gloo(recipe, n, tmp_path):
 
 # -- no edit at all: hpccomm run --torch -----------------------------------------------------------
 TORCHRUN_SCRIPT = """
-import os, torch, torch.distributed as dist
+import os, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")  # env://, as under torchrun
 x = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(x)
-print(f"RESULT rank={os.environ['RANK']} local={os.environ['LOCAL_RANK']} "
-      f"of={os.environ['LOCAL_WORLD_SIZE']} sum={x.item():.0f} "
-      f"addr={os.environ['MASTER_ADDR']} port={os.environ['MASTER_PORT']}", flush=True)
+with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.txt"), "w") as f:
+    f.write(f"rank={os.environ['RANK']} local={os.environ['LOCAL_RANK']} "
+            f"of={os.environ['LOCAL_WORLD_SIZE']} sum={x.item():.0f} "
+            f"addr={os.environ['MASTER_ADDR']} port={os.environ['MASTER_PORT']}")
 dist.destroy_process_group()
 """
 
@@ -108,10 +109,13 @@ dist.destroy_process_group()
 def test_torchrun_script_runs_unchanged(n, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
     output = launch([sys.executable, "-m", "hpccomm", "run", "--torch", "-n", str(n),
-                     str(script)])
-    found = [dict(item.split("=") for item in line.split()[1:])
-             for line in output.splitlines() if line.startswith("RESULT ")]
+                     str(script), str(out)])
+    # one file per rank: the launcher may interleave the ranks' printed lines
+    found = [dict(item.split("=") for item in path.read_text().split())
+             for path in sorted(out.iterdir())]
     assert sorted(int(f["rank"]) for f in found) == list(range(n)), output
     # one node: local ranks are 0..n-1 in the launcher's own order (Open MPI's may differ)
     assert sorted(int(f["local"]) for f in found) == list(range(n)), output
