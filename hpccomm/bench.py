@@ -42,6 +42,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import settings
+
 KiB, MiB = 1024, 1024 * 1024
 DEFAULT_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
                  16 * MiB, 64 * MiB]
@@ -337,11 +339,8 @@ def size_plot(path: str, sizes: Sequence[int], series: Dict[str, Sequence[float]
 
 def parse_size(text: str) -> int:
     """``"8"``, ``"4K"``, ``"2M"`` / ``"2MiB"``, ``"1G"`` -> bytes."""
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = {"K": KiB, "M": MiB, "G": 1024 * MiB}.get(text[-1:], 1)
-    number = text[:-1] if scale > 1 else text
     try:
-        value = int(float(number) * scale)
+        value = settings.parse_size(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8, 4K, 2M)") from None
     if value < 1:
@@ -408,20 +407,11 @@ def shm_setup(comm: Any, ops: Sequence[str], sizes: Sequence[int]
     """``(group of every rank with HPCCOMM_SHM=0, float32 array in shared memory)``; the
     array is ``None`` when the default group does not use shared memory (several nodes,
     or ``HPCCOMM_SHM=0``). One array serves every case, so it is allocated once."""
-    import os
-
     from . import shm
     from .group import new_group
 
-    saved = os.environ.get("HPCCOMM_SHM")
-    os.environ["HPCCOMM_SHM"] = "0"
-    try:
+    with settings.SHM.overridden("0"):
         plain = new_group(list(range(comm.size)))
-    finally:
-        if saved is None:
-            del os.environ["HPCCOMM_SHM"]
-        else:
-            os.environ["HPCCOMM_SHM"] = saved
     arena = None
     if any(op in SHM_OPS for op in ops):
         count = max(1, max(sizes) // 4)

@@ -19,7 +19,7 @@ import shlex
 import sys
 from typing import List, Optional
 
-from . import launch
+from . import launch, settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,7 +109,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(shlex.join(command))
         return 0
     if getattr(args, "no_abort_on_exception", False):
-        os.environ["HPCCOMM_NO_ABORT_ON_EXCEPTION"] = "1"
+        os.environ[settings.NO_ABORT_ON_EXCEPTION.name] = "1"  # for the ranks
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -14,7 +14,6 @@ the mesh gets ``GroupMember.NON_GROUP_MEMBER`` and communicates nothing.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import warnings
 from itertools import zip_longest
@@ -23,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _mesh_layout as layouts
+from . import settings
 from ._mesh_groups import DEFAULT as _DEFAULT
 from ._mesh_groups import BackendSpec, MeshGroups
 from ._mesh_layout import Layout
@@ -296,9 +296,11 @@ class DeviceMesh:
         strides = tuple(dim[0][1] if len(dim) == 1 else tuple(s for _, s in dim)
                         for dim in self._dims)
         text = f"DeviceMesh({sizes}, '{self._device_type}', stride={strides}"
-        detail = {os.environ.get(v, "").upper() for v in
-                  ("HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG")}
-        if "DETAIL" in detail:
+        try:
+            detail = settings.DISTRIBUTED_DEBUG.get() == "DETAIL"
+        except ValueError:  # a malformed level is reported where it is applied
+            detail = False
+        if detail:
             text += f", Mesh: {self._full_tolist()}"
         return text + ")"
 

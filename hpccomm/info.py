@@ -17,10 +17,13 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, List
 
+from . import settings
+
 Section = Dict[str, Any]
 
-#: Environment variables worth showing (prefixes and exact names).
-ENV_PREFIXES = ("HPCCOMM_", "MPIR_CVAR_", "MPICH_", "OMPI_MCA_", "UCX_", "FI_", "NCCL_",
+#: Environment variables worth showing (prefixes and exact names); hpccomm's own are in
+#: the settings section.
+ENV_PREFIXES = ("MPIR_CVAR_", "MPICH_", "OMPI_MCA_", "UCX_", "FI_", "NCCL_",
                 "I_MPI_", "PMIX_MCA_")
 ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
              "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
@@ -104,7 +107,7 @@ def placement_section() -> Section:
     elif mpi_ft.enabled():
         memory = "off: ULFM is on (only MPI reports a dead peer)"
     elif not shm.enabled():
-        memory = f"off: {shm.ENABLE_ENV} says so"
+        memory = f"off: {settings.SHM.name} says so"
     elif where.nodes > 1:
         memory = (f"off for the default group: its ranks span {where.nodes} nodes (groups "
                   f"within one node use it)")
@@ -192,6 +195,15 @@ def slurm_section() -> Section:
             if name.startswith("SLURM_")} or {"(none)": "not inside a Slurm job"}
 
 
+def settings_section() -> Section:
+    """Every ``HPCCOMM_*`` setting with its current value (secrets hidden), and any
+    ``HPCCOMM_*`` variable set that hpccomm does not read (a typo?)."""
+    section: Section = {name: setting.describe() for name, setting in settings.SETTINGS.items()}
+    for name in settings.undeclared():
+        section[name] = "set, but hpccomm reads no such variable"
+    return section
+
+
 def env_section() -> Section:
     return {name: value for name, value in sorted(os.environ.items())
             if name in ENV_NAMES or name.startswith(ENV_PREFIXES)} or {"(none)": "none set"}
@@ -204,7 +216,7 @@ def collect(mpi: bool = True) -> Dict[str, Section]:
               "placement": placement_section if mpi else (lambda: {"skipped": "--no-mpi"}),
               "launchers": launcher_section, "CuPy / NCCL / GPUs": gpu_section,
               "h5py": h5py_section, "Slurm variables": slurm_section,
-              "environment": env_section}
+              "settings": settings_section, "environment": env_section}
     return {name: _guard(probe) for name, probe in probes.items()}
 
 

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from typing import List, Mapping, Optional, Sequence
 
+from . import settings
+
 LAUNCHERS = ("auto", "mpiexec", "srun")
 
 #: srun's ``--mpi`` plugin for each MPI distribution that pip may have installed.
@@ -44,7 +46,7 @@ def choose_launcher(requested: str = "auto", env: Mapping[str, str] = os.environ
 
 def find_mpiexec(env: Mapping[str, str] = os.environ) -> str:
     """``HPCCOMM_MPIEXEC``, else the mpiexec next to this Python (pip's mpich), else PATH."""
-    chosen = env.get("HPCCOMM_MPIEXEC")
+    chosen = settings.MPIEXEC.get(env)
     if chosen:
         return chosen
     for name in ("mpiexec", "mpirun"):
@@ -96,8 +98,8 @@ def srun_mpi_plugin(env: Mapping[str, str] = os.environ) -> Optional[str]:
     by the user is left to srun; otherwise pip's MPICH/Intel MPI wheels need ``pmi2``
     and Open MPI ``pmix``. A system MPI is left to the cluster's ``MpiDefault``.
     """
-    if "HPCCOMM_SRUN_MPI" in env:
-        return env["HPCCOMM_SRUN_MPI"] or None
+    if settings.SRUN_MPI.is_set(env):
+        return settings.SRUN_MPI.get(env)  # blank: None
     if env.get("SLURM_MPI_TYPE"):
         return None
     for dist, plugin in _SRUN_PLUGIN_BY_DIST.items():

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import pickle
 from typing import Any, Iterable, Iterator, List, Set, Tuple
 
-#: Environment variable that turns weights-only unpickling on (``1``) at import.
-WEIGHTS_ONLY_ENV = "HPCCOMM_OBJECTS_WEIGHTS_ONLY"
+from . import settings
 
 _BUILTINS = ("bool", "int", "float", "complex", "str", "bytes", "bytearray", "list",
              "tuple", "dict", "set", "frozenset", "slice", "range")
@@ -41,7 +39,7 @@ DEFAULT_SAFE: Tuple[Tuple[str, str], ...] = (
     ("numpy", "ndarray"), ("numpy", "dtype"), *_NUMPY,
 )
 
-_weights_only = os.environ.get(WEIGHTS_ONLY_ENV, "").strip().lower() in ("1", "true", "yes")
+_weights_only: bool = settings.OBJECTS_WEIGHTS_ONLY.get()
 _user_safe: Set[Tuple[str, str]] = set()
 
 

@@ -64,8 +64,11 @@ def test_the_environment_overrides_the_table():
     assert some["Iallgather"] == mpi_gate.NEVER  # only what the override names
     off = mpi_gate.gated_from("Open MPI", environ={"HPCCOMM_MPI_GATED": "off"})
     assert all(limit == mpi_gate.NEVER for limit in off.values())
-    with pytest.raises(ValueError, match="unknown operation 'allreduce'"):
-        mpi_gate.gated_from("MPICH", environ={"HPCCOMM_MPI_GATED": "allreduce=1K"})
+    # a malformed override warns, naming the variable, and the library's table applies
+    with pytest.warns(RuntimeWarning, match=r"HPCCOMM_MPI_GATED='allreduce=1K' is malformed: "
+                                            r"unknown operation 'allreduce'.*table for Open MPI"):
+        typo = mpi_gate.gated_from("Open MPI", environ={"HPCCOMM_MPI_GATED": "allreduce=1K"})
+    assert typo == mpi_gate.gated_from("Open MPI", environ={})
 
 
 # -- gated calls give the same results ---------------------------------------------------------

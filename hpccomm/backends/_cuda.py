@@ -27,7 +27,7 @@ from typing import Any, Callable, Deque, List, Optional, Tuple
 
 import numpy as np
 
-from .. import observe
+from .. import observe, settings
 from ..errors import DistError
 from ..work import Work
 
@@ -51,7 +51,7 @@ def cupy_installed() -> bool:
 
 def blocking_wait() -> bool:
     """Whether ``Work.wait`` on GPU work blocks the CPU (``HPCCOMM_NCCL_BLOCKING_WAIT=1``)."""
-    return os.environ.get("HPCCOMM_NCCL_BLOCKING_WAIT", "0").strip().lower() in ("1", "true", "yes")
+    return settings.NCCL_BLOCKING_WAIT.get()
 
 
 # -- device binding -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import settings
 from ..types import RedOpType
 from ..work import Started, chain
 from . import _cuda
@@ -32,9 +33,9 @@ from .mpi import MPICommunicator, _plan
 
 def cuda_aware_mpi() -> bool:
     """Whether the MPI library takes device pointers (env override, then library query)."""
-    forced = os.environ.get("HPCCOMM_MPI_CUDA_AWARE")
-    if forced is not None and forced.strip():
-        return forced.strip().lower() in ("1", "true", "yes")
+    forced = settings.MPI_CUDA_AWARE.get()
+    if forced is not None:
+        return forced
     mpi = sys.modules.get("mpi4py.MPI")  # loaded by backends.mpi
     query = getattr(mpi, "Query_cuda_support", None)
     if query is not None:

@@ -23,13 +23,13 @@ path and waits loop over ``Request.Test`` in Python.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-ENABLE_ENV = "HPCCOMM_MPI_DIRECT"
+from .. import settings
+
 #: Longest spin in C before the general wait takes over (a deadline, signals and other
 #: operations' progress are checked there).
 SLICE_S = 0.05
@@ -43,7 +43,7 @@ def available() -> bool:
     global _helper, _ready
     if _ready is None:
         _ready = False
-        if os.environ.get(ENABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        if not settings.MPI_DIRECT.get():
             return False
         try:
             from . import _mpi_direct  # type: ignore[attr-defined]

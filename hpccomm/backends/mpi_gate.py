@@ -23,12 +23,12 @@ gateable operation from 256 KiB), or ``all_reduce=64K,all_gather=1M``.
 """
 from __future__ import annotations
 
-import os
 import struct
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from mpi4py import MPI
 
+from .. import settings
 from ..errors import DistBackendError, DistTimeoutError
 from ..work import Deferred, Started, poll
 
@@ -70,34 +70,36 @@ def family(vendor: str) -> str:
     return _VENDORS.get(vendor, "other")
 
 
-def parse_size(text: str) -> float:
-    """``"256K"``, ``"1M"``, ``"4096"`` -> bytes."""
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = {"K": KiB, "M": MiB, "G": 1024 * MiB}.get(text[-1:], 1)
-    return float(text[:-1] if scale > 1 else text) * scale
+def parse_gates(text: str) -> Dict[str, float]:
+    """``HPCCOMM_MPI_GATED``'s grammar: ``"off"`` -> ``{}``; ``"all=256K"``,
+    ``"all_reduce=64K,all_gather=1M"`` -> {operation: bytes}; ``ValueError`` otherwise."""
+    if text.strip().lower() in ("off", "0", "no", "none", "never"):
+        return {}
+    table: Dict[str, float] = {}
+    for item in text.split(","):
+        name, _, size = item.partition("=")
+        name = name.strip()
+        if name == "all":
+            table.update(dict.fromkeys(CALLS, settings.parse_size(size)))
+        elif name in CALLS:
+            table[name] = settings.parse_size(size)
+        else:
+            raise ValueError(f"unknown operation {name!r} (choose from all, "
+                             f"{', '.join(CALLS)})")
+    return table
 
 
 def gated_from(vendor: str, environ: Optional[Mapping[str, str]] = None) -> Dict[str, float]:
     """For each nonblocking MPI call name (:data:`CALLS`), the bytes from which a
-    synchronous call is gated (``inf``: never), for this library and environment."""
-    environ = os.environ if environ is None else environ
+    synchronous call is gated (``inf``: never), for this library and environment
+    (a malformed ``HPCCOMM_MPI_GATED`` warns and keeps the library's table)."""
     table = dict(GATED_FROM[family(vendor)])
-    override = environ.get("HPCCOMM_MPI_GATED", "").strip()
-    if override:
-        if override.lower() in ("off", "0", "no", "none", "never"):
-            table = {}
-        else:
-            table = {}
-            for item in override.split(","):
-                name, _, size = item.partition("=")
-                name = name.strip()
-                if name == "all":
-                    table.update({op: parse_size(size) for op in CALLS})
-                elif name in CALLS:
-                    table[name] = parse_size(size)
-                else:
-                    raise ValueError(f"HPCCOMM_MPI_GATED: unknown operation {name!r} "
-                                     f"(choose from all, {', '.join(CALLS)})")
+    override = settings.MPI_GATED.get(environ)
+    if override is not None:
+        try:
+            table = parse_gates(override)
+        except ValueError as exc:
+            settings.MPI_GATED.reject(override, str(exc), using=f"the table for {vendor}")
     return {CALLS[op]: table.get(op, NEVER) for op in CALLS}
 
 

@@ -23,27 +23,22 @@ from typing import Any, Optional, Tuple
 
 from mpi4py import MPI
 
-#: Simulated node count (a testing aid); unset or 0: the nodes MPI reports.
-NODES_ENV = "HPCCOMM_NODES"
-#: ``1``/``0``: treat every node as crowded or not, whatever the CPU count says.
-OVERSUBSCRIBED_ENV = "HPCCOMM_OVERSUBSCRIBED"
+from .. import settings
 
 
 def simulated_nodes() -> int:
-    """The node count ``HPCCOMM_NODES`` asks for, or 0."""
-    value = os.environ.get(NODES_ENV, "").strip()
-    return int(value) if value.isdigit() else 0
+    """The node count ``HPCCOMM_NODES`` asks for, or 0 (read at each call)."""
+    return settings.NODES.get()
 
 
 def forced_crowding() -> Optional[bool]:
     """What ``HPCCOMM_OVERSUBSCRIBED`` says, or ``None`` to measure."""
-    value = os.environ.get(OVERSUBSCRIBED_ENV, "").strip()
-    return value == "1" if value in ("0", "1") else None
+    return settings.OVERSUBSCRIBED.get()
 
 
 def node_comm(comm: Any) -> Any:
     """The communicator of ``comm``'s ranks on this rank's node, in ``comm``'s order;
-    collective over ``comm``. Honours :data:`NODES_ENV`."""
+    collective over ``comm``. Honours ``HPCCOMM_NODES``."""
     nodes = simulated_nodes()
     if nodes > 0:
         world = MPI.COMM_WORLD
@@ -90,10 +85,10 @@ class Placement:
                 f"{self.cpus} CPUs of this host, {'bound' if self.bound else 'unbound'}; "
                 f"{self.nodes} node{'s' if self.nodes != 1 else ''}")
         if simulated_nodes():
-            text += f" ({NODES_ENV}={simulated_nodes()}: {self.local_size} ranks per node)"
+            text += f" ({settings.NODES.name}={simulated_nodes()}: {self.local_size} ranks per node)"
         forced = forced_crowding()
         if forced is not None:
-            text += f", {OVERSUBSCRIBED_ENV}={int(forced)}"
+            text += f", {settings.OVERSUBSCRIBED.name}={int(forced)}"
         return text
 
     def __repr__(self) -> str:

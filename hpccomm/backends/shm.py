@@ -33,14 +33,13 @@ from __future__ import annotations
 import collections
 import ctypes
 import math
-import os
 import threading
-import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
+from .. import settings
 from ..errors import DistBackendError
 from ..types import INTERNAL_TAG, RedOpType
 from .. import work as _work
@@ -52,10 +51,6 @@ from .shm_algorithms import (AllGather, AllReduce, Broadcast, Collective, Reduce
                              chunks, descriptor, pair_run, tag_of)
 from .shm_reduce import Reducer
 from .shm_segment import Segment, rendezvous
-
-ENABLE_ENV = "HPCCOMM_SHM"
-MIN_BYTES_ENV = "HPCCOMM_SHM_MIN_BYTES"
-CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
 
 #: Smallest message (bytes) per operation that goes through shared memory by default,
 #: from the interleaved runs in docs/performance.md: all_reduce in NumPy steps is faster than MPI from
@@ -91,23 +86,9 @@ _PROGRESS_TAG = INTERNAL_TAG + 60
 _busy: List["SharedMemoryCommunicator"] = []
 
 
-def _env_int(name: str, default: int) -> int:
-    """A byte count from the environment; a malformed one warns and keeps the default
-    (raising on one rank would leave the others waiting in the group's creation)."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        return int(float(text))
-    except ValueError:
-        warnings.warn(f"hpccomm: {name}={text!r} is not a number of bytes; using {default}",
-                      stacklevel=2)
-        return default
-
-
 def enabled() -> bool:
     """Whether ``HPCCOMM_SHM`` allows the shared-memory path (default: yes)."""
-    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.SHM.get()
 
 
 def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunicator:
@@ -125,12 +106,12 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     node = placement.node_comm(comm)
     if node.Get_size() < comm.Get_size():  # the group spans nodes (every rank sees it)
         return _across_nodes(comm, timeout, node)
-    piece = _piece_bytes(_env_int(CHUNK_ENV, 0), comm.Get_size())
+    piece = _piece_bytes(settings.SHM_CHUNK.get(), comm.Get_size())
     need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
     fits = enabled() and shm_segment.available() and shm_segment.space_ok(need)
     if node.allreduce(fits, op=MPI.LAND):
         kernel = node.allreduce(pair_run is not None, op=MPI.LAND)  # used by all or none
-        forced = _env_int(MIN_BYTES_ENV, 0)
+        forced = settings.SHM_MIN_BYTES.get()
         defaults = dict(DEFAULT_MIN_BYTES)
         if placement.crowded(node):  # the node's CPUs together, not this rank's mask
             defaults.update(CROWDED_MIN_BYTES)
@@ -151,7 +132,7 @@ def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunic
     (:mod:`.shm_hier`) when every node holds the same number, at least two, of its
     ranks and each can share memory; plain MPI otherwise. Collective over ``comm``."""
     local_size = node.Get_size()
-    piece = _piece_bytes(_env_int(CHUNK_ENV, 0), local_size)
+    piece = _piece_bytes(settings.SHM_CHUNK.get(), local_size)
     need = 2 * SLOTS * piece * local_size * local_size
     fits = enabled() and shm_segment.available() and shm_segment.space_ok(need)
     sizes = comm.allgather((local_size, fits))
@@ -160,7 +141,7 @@ def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunic
         node.Free()
         return MPICommunicator(comm, timeout)
     kernel = node.allreduce(pair_run is not None, op=MPI.LAND)
-    forced = _env_int(MIN_BYTES_ENV, 0)
+    forced = settings.SHM_MIN_BYTES.get()
     default = NEVER if placement.crowded(comm) else shm_hier.DEFAULT_MIN_BYTES
     piece, min_bytes = comm.bcast((piece, forced or default))
     cross = comm.Split(node.Get_rank(), comm.Get_rank())

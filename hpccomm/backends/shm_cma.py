@@ -22,7 +22,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-CMA_ENV = "HPCCOMM_SHM_CMA"
+from .. import settings
 
 
 class _IOVec(ctypes.Structure):
@@ -64,7 +64,7 @@ def read(dst: np.ndarray, pid: int, address: int) -> None:
 def probe(node: Any) -> Optional[List[int]]:
     """Every rank's pid if every rank of ``node`` can read every other's memory, else
     ``None`` (collective over ``node``)."""
-    wanted = os.environ.get(CMA_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    wanted = settings.SHM_CMA.get()
     word = np.array([0x5EED0000 + node.Get_rank()], dtype=np.int64)
     peers = node.allgather((os.getpid(), word.ctypes.data, wanted and _readv is not None))
     works = all(ok for _, _, ok in peers)

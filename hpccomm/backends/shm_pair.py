@@ -18,12 +18,12 @@ helper, or with ``HPCCOMM_SHM_KERNEL=0``, everything keeps the NumPy steps.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
-ENABLE_ENV = "HPCCOMM_SHM_KERNEL"
+from .. import settings
+
 #: Longest wait for the peer inside C per call: the caller's loop checks its deadline,
 #: advances other groups' operations and lets MPI progress between slices.
 SLICE_S = 0.002
@@ -55,7 +55,7 @@ def load(staged: int, reduced: int, consumed: int, enter: int, seq_shift: int,
     """The C kernel's ``run``, told the control block's layout (word positions, the
     descriptor's fields, the staging lookahead); ``None`` when it is not built or
     ``HPCCOMM_SHM_KERNEL=0``."""
-    if os.environ.get(ENABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not settings.SHM_KERNEL.get():
         return None
     try:
         from . import _shm_pair  # type: ignore[attr-defined]

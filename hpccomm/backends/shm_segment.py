@@ -44,6 +44,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
+from .. import settings
 from ..work import poll
 
 #: Positions (int64 words) of the control words at the start of each rank's region.
@@ -57,8 +58,6 @@ CONTROL_BYTES = 4096
 PAGE = 4096
 DIRECTORY = "/dev/shm"
 
-#: ``HPCCOMM_SHM_FENCE=1`` forces the memory barriers even on x86 (tests use it).
-FENCE_ENV = "HPCCOMM_SHM_FENCE"
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _JOB_ENVS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "JOB_ID",
              "PMIX_NAMESPACE", "PMI_JOBID")
@@ -68,10 +67,8 @@ _barrier_window: Any = None
 
 def needs_fence() -> bool:
     """Whether publishing and observing counters need a memory barrier here."""
-    forced = os.environ.get(FENCE_ENV, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    return not _TSO
+    forced = settings.SHM_FENCE.get()  # tests force the barriers on x86 too
+    return not _TSO if forced is None else forced
 
 
 def available() -> bool:

@@ -5,14 +5,16 @@
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import IO, Optional
 
+from .. import settings
+
 _WIDTH = 30
 _EVERY_S = 0.1
-ENV = "HPCCOMM_CHECKPOINT_PROGRESS"
+#: The variable that overrides the terminal test.
+ENV = settings.CHECKPOINT_PROGRESS.name
 
 
 class Progress:
@@ -28,8 +30,8 @@ class Progress:
                  stream: Optional[IO[str]] = None) -> None:
         self.stream = stream if stream is not None else sys.stdout
         isatty = getattr(self.stream, "isatty", None)
-        forced = os.environ.get(ENV, "").strip()
-        shown = forced == "1" if forced in ("0", "1") else isatty is not None and isatty()
+        forced = settings.CHECKPOINT_PROGRESS.get()
+        shown = forced if forced is not None else isatty is not None and isatty()
         self.active = bool(enabled and total > 0 and shown)
         self.total = total
         self.label = label

@@ -27,9 +27,9 @@ the ``hpccomm`` logger nor the root logger has a handler, a stderr handler is ad
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable, List
 
+from .. import settings
 from ..types import DebugLevel
 
 logger = logging.getLogger("hpccomm")
@@ -42,8 +42,6 @@ logging.addLevelName(TRACE, "TRACE")
 level: DebugLevel = DebugLevel.OFF
 _listeners: List[Callable[[DebugLevel], None]] = []
 
-ENV_VARS = ("HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG")
-LOG_ENV_VARS = ("HPCCOMM_LOG_LEVEL", "TORCH_CPP_LOG_LEVEL")
 _LOG_LEVELS = {"ERROR": logging.ERROR, "WARNING": logging.WARNING, "WARN": logging.WARNING,
                "INFO": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": TRACE}
 _handler: "logging.Handler | None" = None
@@ -78,13 +76,9 @@ def on_change(listener: Callable[[DebugLevel], None]) -> None:
 
 
 def set_debug_level_from_env() -> None:
-    """Read the level from ``HPCCOMM_DISTRIBUTED_DEBUG``, else ``TORCH_DISTRIBUTED_DEBUG``."""
-    for name in ENV_VARS:
-        value = os.environ.get(name)
-        if value:
-            set_debug_level(value)
-            return
-    set_debug_level(DebugLevel.OFF)
+    """Read the level from ``HPCCOMM_DISTRIBUTED_DEBUG``, else ``TORCH_DISTRIBUTED_DEBUG``
+    (unset: OFF); a value other than OFF, INFO or DETAIL raises ``ValueError``."""
+    set_debug_level(settings.DISTRIBUTED_DEBUG.get())
 
 
 def effective_log_level(log_level: "str | None", debug_level: DebugLevel) -> "int | None":
@@ -106,12 +100,8 @@ def effective_log_level(log_level: "str | None", debug_level: DebugLevel) -> "in
 def apply_log_level() -> None:
     """Set the ``hpccomm`` logger's level from the environment and :data:`level`."""
     global _handler, _set_by_us
-    env = next((os.environ[n] for n in LOG_ENV_VARS if os.environ.get(n)), None)
-    try:
-        value = effective_log_level(env, level)
-    except ValueError as exc:
-        logger.warning("hpccomm: %s; ignoring it", exc)
-        value = effective_log_level(None, level)
+    env = settings.LOG_LEVEL.get()  # a malformed one warns and counts as unset
+    value = effective_log_level(env, level)
     if value is None:
         if logger.level == _set_by_us:  # back to OFF: undo what this module set
             logger.setLevel(logging.NOTSET)

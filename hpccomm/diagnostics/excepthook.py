@@ -34,10 +34,11 @@ import traceback
 from types import TracebackType
 from typing import Any, Callable, Optional, Type
 
+from .. import settings
 from .._launcher_env import RANK_VARS
 
 #: Set to 1/true/yes to keep Python's default behaviour (no abort).
-OPT_OUT_ENV = "HPCCOMM_NO_ABORT_ON_EXCEPTION"
+OPT_OUT_ENV = settings.NO_ABORT_ON_EXCEPTION.name
 
 #: The longest wait for the launcher to read this rank's last output before the abort.
 DRAIN_S = 3.0
@@ -56,7 +57,7 @@ _previous_thread: Optional[Callable[..., Any]] = None
 
 def opted_out() -> bool:
     """Whether ``HPCCOMM_NO_ABORT_ON_EXCEPTION`` asks for no abort."""
-    return os.environ.get(OPT_OUT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.NO_ABORT_ON_EXCEPTION.get()
 
 
 def _mpi_if_running() -> Any:

@@ -24,14 +24,12 @@ import platform
 import time
 from typing import Any, Dict, List, Optional
 
-from .. import observe
+from .. import observe, settings
 from ..group import registry
 from ..types import DebugLevel
 from ..work import Work
 from . import debug, rollcall
 
-ENV_SIZE = "HPCCOMM_TRACE_BUFFER"
-ENV_DIR = "HPCCOMM_TRACE_DIR"
 #: Ring size when ``HPCCOMM_TRACE_BUFFER`` is unset and the debug level is INFO or DETAIL.
 DEFAULT_SIZE = 2000
 
@@ -97,15 +95,10 @@ def size() -> int:
 
 def configure() -> None:
     """Size the ring from ``HPCCOMM_TRACE_BUFFER`` or the debug level; dump on timeouts."""
-    value = os.environ.get(ENV_SIZE, "").strip()
-    if value:
-        try:
-            wanted = int(value)
-        except ValueError:
-            raise ValueError(f"{ENV_SIZE}={value!r} is not an integer") from None
-    elif debug.level >= DebugLevel.INFO:
+    wanted = settings.TRACE_BUFFER.get()
+    if wanted is None and debug.level >= DebugLevel.INFO:
         wanted = max(DEFAULT_SIZE, size())
-    else:
+    elif wanted is None:
         wanted = size()  # OFF: keep what enable() chose (off unless asked for)
     if wanted != size():
         enable(wanted)
@@ -168,7 +161,7 @@ def dump(path: Optional[str] = None, reason: str = "manual", error: str = "",
 
     data = snapshot(reason, error, failed)
     if path is None:
-        directory = os.environ.get(ENV_DIR) or "."
+        directory = settings.TRACE_DIR.get() or "."
         path = os.path.join(directory, f"rank{data['rank'] if data['rank'] is not None else 'X'}.json")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     temporary = f"{path}.{os.getpid()}.tmp"
@@ -181,6 +174,6 @@ def dump(path: Optional[str] = None, reason: str = "manual", error: str = "",
 
 def dump_on_error(reason: str, error: str, failed: Optional[Work] = None) -> Optional[str]:
     """Dump if ``HPCCOMM_TRACE_DIR`` is set (timeouts and desyncs call this)."""
-    if not os.environ.get(ENV_DIR):
+    if not settings.TRACE_DIR.get():
         return None
     return dump(None, reason, error, failed)

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .. import observe
+from .. import observe, settings
 from ..types import INTERNAL_TAG
 from ..work import as_work
 from .ops import CODES, NAMES
@@ -28,10 +28,10 @@ from .ops import CODES, NAMES
 #: Reserved tag of roll-call messages (``INTERNAL_TAG`` + 16).
 TAG = INTERNAL_TAG + 16
 #: How long a timed-out rank listens for the others' reports.
-GRACE_S = float(os.environ.get("HPCCOMM_ROLLCALL_GRACE", "1.0"))
+GRACE_S = settings.ROLLCALL_GRACE.get()
 #: Largest group that runs a roll call: every stuck rank messages every other rank, so
 #: the message count grows as the square of the group size.
-MAX_RANKS = int(os.environ.get("HPCCOMM_ROLLCALL_MAX_RANKS", "256"))
+MAX_RANKS = settings.ROLLCALL_MAX_RANKS.get()
 _DESYNC_OFFSET = 100
 
 #: The latest roll call's result (for the flight recorder dump), or ``None``.
@@ -65,7 +65,7 @@ def hook(work: Any, waited: float) -> Optional[str]:
     me, size, ranks = pg.rank(), pg.size(), pg.ranks
     if size > MAX_RANKS or GRACE_S <= 0:
         return (f"(No roll call: the group has {size} ranks, more than "
-                f"HPCCOMM_ROLLCALL_MAX_RANKS={MAX_RANKS}; see the flight recorder dumps.)"
+                f"{settings.ROLLCALL_MAX_RANKS.name}={MAX_RANKS}; see the flight recorder dumps.)"
                 if size > MAX_RANKS else None)
     report = np.array([work.seq, code, int(waited * 1000)], dtype=np.int64)
     sends = [as_work(pg.cpu.send(report, peer, TAG)) for peer in range(size) if peer != me]

@@ -25,20 +25,13 @@ from __future__ import annotations
 
 import os
 
+from .. import settings
+
 sched_yield = getattr(os, "sched_yield", lambda: None)
 
-
-def _env_seconds(name: str, default_us: float) -> float:
-    raw = os.environ.get(name, "")
-    try:
-        return max(float(raw), 0.0) * 1e-6 if raw else default_us * 1e-6
-    except ValueError:
-        return default_us * 1e-6
-
-
 #: How long a server keeps polling without blocking after it handled a request.
-SERVER_SPIN_S = _env_seconds("HPCCOMM_STORE_SPIN_US", 1000.0)
+SERVER_SPIN_S = settings.STORE_SPIN_US.get()
 #: How long a client polls for its reply before it blocks (or sleeps).
-CLIENT_SPIN_S = _env_seconds("HPCCOMM_STORE_CLIENT_SPIN_US", 200.0)
+CLIENT_SPIN_S = settings.STORE_CLIENT_SPIN_US.get()
 #: A gap this long between two spin turns means the spinner lost its core: stop spinning.
 PREEMPTED_S = 50e-6

@@ -25,6 +25,7 @@ import time
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from hpccomm import settings
 from hpccomm.errors import DistNetworkError, DistStoreError
 from hpccomm.stores import _spin
 from hpccomm.stores._deferred import Deferred
@@ -37,7 +38,6 @@ from hpccomm.stores._wire import op_name
 from hpccomm.stores.base import DEFAULT_TIMEOUT, RequestStore, Store, Timeout, _ms
 from hpccomm.stores.tcp_server import AUTH_OK, TCPStoreServer, auth_digest, parse_hello
 
-TOKEN_ENV = "HPCCOMM_STORE_TOKEN"
 _WILDCARDS = ("", "0.0.0.0", "::", "*")
 #: Extra seconds a client waits beyond a request's own timeout before giving up
 #: on the server (the server answers timeouts itself).
@@ -64,7 +64,7 @@ _local_ports: Dict[int, int] = {}
 
 def _secret(token: Union[str, bytes, None]) -> Optional[bytes]:
     if token is None:
-        token = os.environ.get(TOKEN_ENV) or None
+        token = settings.STORE_TOKEN.get()
     if isinstance(token, str):
         token = token.encode("utf-8")
     if token is not None and not isinstance(token, bytes):
@@ -234,7 +234,7 @@ class _Connection:
     def _authenticate(self, sock: socket.socket, nonce: bytes) -> None:
         if self.secret is None:
             raise DistStoreError(f"TCPStore at {self.host}:{self.port} requires a shared "
-                                 f"secret: pass token= or set {TOKEN_ENV}")
+                                 f"secret: pass token= or set {settings.STORE_TOKEN.name}")
         sock.sendall(frame(auth_digest(self.secret, nonce)))
         try:
             ack = _recv_frame(sock)

@@ -43,6 +43,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from hpccomm import settings
 from hpccomm.stores import _spin
 from hpccomm.stores._core import StoreCore
 from hpccomm.stores._wire import FRAME_HEAD, MAX_PAYLOAD, ProtocolError, frame
@@ -86,7 +87,7 @@ def local_listener() -> Optional[socket.socket]:
     """A listening Unix socket in the abstract namespace (Linux), or None."""
     if not hasattr(socket, "AF_UNIX") or not sys.platform.startswith("linux"):
         return None
-    if os.environ.get("HPCCOMM_STORE_LOCAL_SOCKET", "1") == "0":
+    if not settings.STORE_LOCAL_SOCKET.get():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
