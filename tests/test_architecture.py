@@ -275,3 +275,117 @@ def test_the_graph_reader_sees_every_form_of_import(tmp_path):
     assert circles(graph) == [[TOP, "a", "b", "sub.c"]]
     assert module_level_imports(package / "a.py") == {"hpccomm"}
     assert module_level_imports(package / "b.py") == set()  # only inside a function
+
+
+# -- settings: every HPCCOMM_* variable is declared in hpccomm/settings.py and read there ------
+SETTINGS_MODULE = "settings"
+VARIABLE = re.compile(r"HPCCOMM_[A-Z0-9_]*[A-Z0-9]")
+#: Modules that may still read an ``HPCCOMM_*`` variable themselves, and why.
+READS_ITS_OWN = {
+    "pytest_plugin": "not yet converted: reads the variable of settings.TEST_TMPDIR with "
+                     "os.environ (settings declares it)",
+}
+
+
+def _docstrings(tree: ast.AST) -> Set[int]:
+    """``id`` of every docstring constant in ``tree``."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and \
+                    isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                found.add(id(body[0].value))
+    return found
+
+
+def _environ_key(node: ast.AST) -> "ast.AST | None":
+    """The key ``node`` reads from the environment (``os.environ.get(K)``,
+    ``os.environ[K]``, ``os.getenv(K)``, ``K in os.environ``), or ``None``."""
+    def is_environ(expr: ast.AST) -> bool:
+        text = ast.unparse(expr)
+        return text in ("os.environ", "environ", "env", "environment")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+        if node.func.attr in ("get", "pop", "setdefault") and is_environ(node.func.value):
+            return node.args[0]
+        if node.func.attr == "getenv" and ast.unparse(node.func.value) == "os":
+            return node.args[0]
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and \
+            is_environ(node.value):
+        return node.slice
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and \
+            isinstance(node.ops[0], (ast.In, ast.NotIn)) and is_environ(node.comparators[0]):
+        return node.left
+    return None
+
+
+def setting_problems(package: Path = PACKAGE) -> List[str]:
+    """Every ``HPCCOMM_*`` name the package mentions that settings.py does not declare,
+    and every place outside settings.py that spells such a name as a string in code or
+    reads one from the environment, in words."""
+    from hpccomm import settings
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        module = _name(path, package)
+        text = path.read_text()
+        for number, line in enumerate(text.splitlines(), start=1):
+            for name in VARIABLE.findall(line):
+                if name not in settings.SETTINGS:
+                    found.append(f"{module} (line {number}) names {name}, which "
+                                 f"hpccomm/settings.py does not declare: declare it there")
+        if module == SETTINGS_MODULE:
+            continue
+        tree = ast.parse(text, str(path))
+        docstrings = _docstrings(tree)
+        aliases = set()  # names bound to ``settings.X.name``
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and re.fullmatch(
+                    r"(settings\.)?[A-Z0-9_]+\.name", ast.unparse(node.value)):
+                aliases.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        lines = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    VARIABLE.fullmatch(node.value) and id(node) not in docstrings:
+                lines.append(f"{module} (line {node.lineno}) spells {node.value!r}: read it "
+                             f"with settings.{node.value[len('HPCCOMM_'):]}.get() (its "
+                             f"name: .name)")
+            key = _environ_key(node)
+            if key is not None and (ast.unparse(key) in aliases or re.fullmatch(
+                    r"(settings\.)?[A-Z0-9_]+\.name", ast.unparse(key))):
+                lines.append(f"{module} (line {node.lineno}) reads {ast.unparse(key)} from "
+                             f"the environment itself: use the setting's .get(), which "
+                             f"parses it as every other reader does")
+        found.extend(sorted(lines, key=lambda p: int(p.split("(line ")[1].split(")")[0])))
+    return found
+
+
+def test_every_hpccomm_variable_is_declared_and_read_through_settings():
+    found = setting_problems()
+    for module, why in READS_ITS_OWN.items():
+        own = [p for p in found if p.startswith(module + " ")]
+        assert own, f"{module} no longer reads its own variables: drop it from READS_ITS_OWN"
+        found = [p for p in found if p not in own]
+    assert found == []
+
+
+def test_the_settings_check_sees_every_form_of_read(tmp_path):
+    package = tmp_path / "hpccomm"
+    package.mkdir()
+    (package / "settings.py").write_text("X = 'HPCCOMM_SHM'\n")  # settings.py may spell it
+    (package / "a.py").write_text(
+        '"""Mentions ``HPCCOMM_SHM`` in a docstring."""\n'
+        "import os\n"
+        "from . import settings\n"
+        "ENV = settings.SHM.name\n"
+        "a = os.environ.get('HPCCOMM_SHM')\n"           # line 5: spelled and read
+        "b = os.getenv(settings.SHM.name)\n"            # line 6: read around .get()
+        "c = ENV in os.environ\n"                       # line 7: through an alias
+        "d = settings.SHM.get()\n"                      # fine
+        "e = 'HPCCOMM_NO_SUCH_THING'\n")                # line 9: undeclared, and spelled
+    found = setting_problems(package)
+    assert [p.split(" ", 3)[:3] for p in found] == [
+        ["a", "(line", "9)"], ["a", "(line", "5)"], ["a", "(line", "6)"], ["a", "(line", "7)"],
+        ["a", "(line", "9)"]], found
+    assert not any("settings (line" in p for p in found)
+    assert "does not declare" in found[0] and "spells 'HPCCOMM_SHM'" in found[1]
