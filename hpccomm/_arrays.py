@@ -15,15 +15,16 @@ from .types import RedOpType
 
 ndarray = np.ndarray
 
-#: dtype -> family: "bool", "int", "float", "complex", or "bfloat16" (ml_dtypes).
-_FAMILY: Dict[Any, str] = {}
+#: dtype -> family: "bool", "int", "float", "complex", or "bfloat16" (ml_dtypes, added
+#: when first seen). The dispatch path tests ``dtype in FAMILY`` before anything slower.
+FAMILY: Dict[Any, str] = {}
 for _char in "bBhHiIlLqQ":
-    _FAMILY[np.dtype(_char)] = "int"
+    FAMILY[np.dtype(_char)] = "int"
 for _char in "efd":
-    _FAMILY[np.dtype(_char)] = "float"
+    FAMILY[np.dtype(_char)] = "float"
 for _char in "FD":
-    _FAMILY[np.dtype(_char)] = "complex"
-_FAMILY[np.dtype("?")] = "bool"
+    FAMILY[np.dtype(_char)] = "complex"
+FAMILY[np.dtype("?")] = "bool"
 
 SUPPORTED_DTYPES = ("bool, int8/16/32/64, uint8/16/32/64, float16/32/64, complex64/128, "
                     "bfloat16 (ml_dtypes)")
@@ -31,9 +32,9 @@ SUPPORTED_DTYPES = ("bool, int8/16/32/64, uint8/16/32/64, float16/32/64, complex
 
 def dtype_family(dtype: Any) -> Optional[str]:
     """The family of a dtype, or ``None`` if hpccomm cannot communicate it."""
-    family = _FAMILY.get(dtype)
+    family = FAMILY.get(dtype)
     if family is None and getattr(dtype, "name", "") == "bfloat16":
-        family = _FAMILY[dtype] = "bfloat16"
+        family = FAMILY[dtype] = "bfloat16"
     return family
 
 

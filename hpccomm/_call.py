@@ -10,13 +10,13 @@ what it is, for errors and observers) for ``async_op``.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import observe as _observe
 from . import work as _waits
-from ._arrays import _FAMILY, as_array, device_of, dtype_family, reduce_problem
+from ._arrays import FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistError
 from .group import ProcessGroup
 from .types import RedOpType, split_op
@@ -35,7 +35,7 @@ def array(pg: ProcessGroup, op: str, x: Any, what: str = "tensor",
     """
     if type(x) is ndarray:
         flags = x.flags
-        if flags.c_contiguous and (flags.writeable or not output) and x.dtype in _FAMILY:
+        if flags.c_contiguous and (flags.writeable or not output) and x.dtype in FAMILY:
             return pg.cpu, x  # the common case, fully checked
         arr, comm = x, pg.cpu
     else:
@@ -44,7 +44,7 @@ def array(pg: ProcessGroup, op: str, x: Any, what: str = "tensor",
         except TypeError as exc:
             raise pg.error(op, f"{what}: {exc}") from None
         comm = pg.cpu if type(arr) is ndarray else pg.communicator(device_of(arr))
-    if arr.dtype not in _FAMILY and dtype_family(arr.dtype) is None:
+    if arr.dtype not in FAMILY and dtype_family(arr.dtype) is None:
         raise pg.error(op, f"{what} has dtype {arr.dtype}, which cannot be communicated "
                            f"(supported: bool, integers, float16/32/64, complex64/128, bfloat16)")
     flags = arr.flags
@@ -140,7 +140,7 @@ def pair(pg: ProcessGroup, op: str, output: Any, input: Any, out_name: str, in_n
     if type(output) is ndarray and type(input) is ndarray:
         flags, dtype = output.flags, output.dtype
         if (flags.c_contiguous and flags.writeable and input.flags.c_contiguous and
-                input.dtype is dtype and dtype in _FAMILY):
+                input.dtype is dtype and dtype in FAMILY):
             return pg.cpu, output, input
     comm, out = array(pg, op, output, out_name)
     in_comm, arr = array(pg, op, input, in_name, output=False)
@@ -194,6 +194,51 @@ def count_list(pg: ProcessGroup, op: str, arrays: Sequence[Any], what: str) -> l
     return list(arrays)
 
 
+# -- staging: operations on lists of arrays go through one contiguous buffer -------------
+def uneven_counts(sizes: Sequence[int]) -> Optional[List[int]]:
+    """``None`` when all blocks have one size (regular collective), else the counts."""
+    first = sizes[0]
+    return None if all(size == first for size in sizes) else list(sizes)
+
+
+def scatter_into(staging: Any, outputs: Sequence[Any]):
+    """A step that copies consecutive blocks of ``staging`` into ``outputs``."""
+    def copy_out() -> None:
+        offset = 0
+        for out in outputs:
+            out[...] = staging[offset:offset + out.size].reshape(out.shape)
+            offset += out.size
+    return copy_out
+
+
+def concatenate(inputs: Sequence[Any], like: Any) -> Any:
+    """The arrays ``inputs`` flattened one after the other into a new staging array of
+    ``like``'s library and dtype."""
+    staging = empty(like, sum(arr.size for arr in inputs))
+    offset = 0
+    for arr in inputs:
+        staging[offset:offset + arr.size] = arr.reshape(-1)
+        offset += arr.size
+    return staging
+
+
+def split_counts(pg: ProcessGroup, op: str, arr: Any, splits: Optional[Sequence[int]],
+                 what: str) -> List[int]:
+    """Element counts per rank from row splits along dim 0 (``None``: equal rows)."""
+    rows = arr.shape[0] if arr.ndim else 1
+    row_size = arr.size // rows if rows else 0
+    if splits is None:
+        if rows % pg.size():
+            raise pg.error(op, f"{what} has {rows} rows, not divisible by the group size "
+                               f"{pg.size()}; pass split sizes")
+        return [rows // pg.size() * row_size] * pg.size()
+    splits = [int(s) for s in splits]
+    if len(splits) != pg.size() or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise pg.error(op, f"{what} split sizes {splits} must be {pg.size()} non-negative "
+                           f"row counts summing to {rows}")
+    return [s * row_size for s in splits]
+
+
 def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, arr: Any,
            async_op: bool, peer: Optional[int] = None, timeout: Optional[float] = None,
            result: Sequence[Any] = (), after: Optional[Callable[[], Any]] = None,
@@ -228,7 +273,7 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
             pg.track(work)  # kept until finished; barrier() waits for collectives
             return work
         work.wait()
-        return work._value
+        return work.value
     test, finish, _ = started
     try:
         if not test():
@@ -236,7 +281,7 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
             waited = poll(test, limit)
             if waited:
                 _work(started, pg, op, seq, arr, peer, timeout, result, after,
-                      keep)._timed_out(waited, limit)
+                      keep).timed_out(waited, limit)
         value = None if finish is None else finish()
         if after is not None:
             after()
@@ -245,8 +290,7 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
         raise
     except BaseException as exc:  # MPI or copy-out failure: described like a Work's
         work = _work(started, pg, op, seq, arr, peer, timeout, result, after, keep)
-        work._fail(exc)
-        raise work._error from exc  # type: ignore[misc]
+        raise work.fail(exc) from exc
 
 
 def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: int,
@@ -288,7 +332,7 @@ def _watch(work: Work) -> None:
     ``work`` a cell there, which costs every call, observed or not.
     """
     _observe.started(work)
-    work._finish = chain(work._finish, lambda: _observe.completed(work))
+    work.add_finish(lambda: _observe.completed(work))
 
 
 def _work(started: Any, pg: ProcessGroup, op: str, seq: int, arr: Any, peer: Optional[int],
@@ -297,13 +341,16 @@ def _work(started: Any, pg: ProcessGroup, op: str, seq: int, arr: Any, peer: Opt
     """The Work of a started operation, stamped with what it is (errors, observers)."""
     if type(started) is tuple:
         test, finish, held = started
-        work = Work(test, chain(finish, after), held if keep is None else (held, keep))
+        work = Work(test, chain(finish, after), held if keep is None else (held, keep),
+                    result)
     else:  # a backend's own Work (NCCL: completion is ordered on a CUDA stream)
         work = started
         if after is not None:
-            work._finish = chain(work._finish, after)
+            work.add_finish(after)
         if keep is not None:
-            work._keep = (work._keep, keep)
+            work.hold(keep)
+        if result:
+            work.set_result(result)
     work.seq = seq
     work.group = pg
     work.op = op
@@ -311,6 +358,4 @@ def _work(started: Any, pg: ProcessGroup, op: str, seq: int, arr: Any, peer: Opt
     if peer is not None:
         work.peer = peer
     work.timeout = pg.timeout if timeout is None else timeout
-    if result:
-        work._result = result
     return work

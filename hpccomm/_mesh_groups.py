@@ -19,7 +19,7 @@ from . import _mesh_layout as layouts
 from . import rendezvous
 from ._mesh_layout import Layout
 from .errors import DistError, DistValueError
-from .group import ProcessGroup, _mpi, from_communicator, registry, resolve
+from .group import ProcessGroup, from_communicator, mpi_backend, registry, resolve
 from .types import NON_GROUP_MEMBER
 
 #: A dimension's backend choice: (backend name or None, group timeout in seconds or None).
@@ -105,11 +105,12 @@ class MeshGroups:
         kept = layouts.cartesian_dims(dim, self.shape)
         try:
             if kept is not None:
-                comm = _mpi().cart_sub(cart.comm, [d in kept for d in range(len(self.shape))])
+                keep = [d in kept for d in range(len(self.shape))]
+                comm = mpi_backend().cart_sub(cart.comm, keep)
             else:  # e.g. an unflattened dimension: one color per group, keyed by position
                 lines = layouts.lines(dim, self.rank_map.size)
                 color = next(i for i, each in enumerate(lines) if self.position in each)
-                comm = _mpi().split(cart.comm, color, positions.index(self.position))
+                comm = mpi_backend().split(cart.comm, color, positions.index(self.position))
         except Exception as exc:
             raise self._error(f"creating the '{label}' group of ranks {line} failed: "
                               f"{exc}") from exc
@@ -130,7 +131,7 @@ class MeshGroups:
             return self.cart
         world = resolve(None, "DeviceMesh.get_group")
         members = [int(r) for r in self.rank_map]
-        mpi = _mpi()
+        mpi = mpi_backend()
         what = "DeviceMesh.get_group (Cartesian communicator)"
         try:
             if members == list(range(world.size())):

@@ -63,19 +63,13 @@ def reduce(tensor: Any, dst: Optional[int] = None, op: Any = _SUM, group: GroupL
                         async_op, root, result=(tensor,))
 
 
-def _uneven_counts(sizes: Sequence[int]) -> Optional[List[int]]:
-    """``None`` when all blocks have one size (regular collective), else the counts."""
-    first = sizes[0]
-    return None if all(size == first for size in sizes) else list(sizes)
-
-
 def _array_list(pg, op: str, comm, dtype, tensors: Sequence[Any], what: str,
                 output: bool = True) -> List[Any]:
     """Validate a per-rank list of arrays (one per rank, same device, and dtype ``dtype``
     unless it is ``None``: then :func:`_same_real_dtype` checks the dtypes).
 
-    Output lists are written through a staging buffer (:func:`_scatter_into`), so, as
-    in torch, their arrays may be non-contiguous views.
+    Output lists are written through a staging buffer (:func:`._call.scatter_into`), so,
+    as in torch, their arrays may be non-contiguous views.
     """
     arrays = []
     for index, tensor in enumerate(_call.count_list(pg, op, tensors, what)):
@@ -134,25 +128,6 @@ def _strided_output(pg, op: str, arr: np.ndarray, what: str) -> np.ndarray:
     return arr
 
 
-def _scatter_into(staging: Any, outputs: Sequence[Any]):
-    """A step that copies consecutive blocks of ``staging`` into ``outputs``."""
-    def copy_out() -> None:
-        offset = 0
-        for out in outputs:
-            out[...] = staging[offset:offset + out.size].reshape(out.shape)
-            offset += out.size
-    return copy_out
-
-
-def _concatenate(inputs: Sequence[Any], like: Any) -> Any:
-    staging = _call.empty(like, sum(arr.size for arr in inputs))
-    offset = 0
-    for arr in inputs:
-        staging[offset:offset + arr.size] = arr.reshape(-1)
-        offset += arr.size
-    return staging
-
-
 def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
                async_op: bool = False) -> Optional[Work]:
     """Gather every rank's ``tensor`` into ``tensor_list`` on every rank (sizes may differ)."""
@@ -169,8 +144,8 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
                            f"has {counts[pg.rank()]}")
     staging = _call.empty(arr, sum(counts))
     return _call.launch(pg, op, comm.all_gather, (arr.reshape(-1), staging,
-                        _uneven_counts(counts)), arr, async_op, result=tuple(tensor_list),
-                        after=_scatter_into(staging, outputs), keep=staging)
+                        _call.uneven_counts(counts)), arr, async_op, result=tuple(tensor_list),
+                        after=_call.scatter_into(staging, outputs), keep=staging)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLike = None,
@@ -227,7 +202,7 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
     staging = _call.empty(arr, sum(counts))
     return _call.launch(pg, op, comm.gather, (arr.reshape(-1), staging, root, counts), arr,
                         async_op, root, result=tuple(gather_list),
-                        after=_scatter_into(staging, outputs), keep=staging)
+                        after=_call.scatter_into(staging, outputs), keep=staging)
 
 
 def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None,
@@ -260,7 +235,7 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
     if counts[root] != out.size:
         raise pg.error(op, f"tensor has {out.size} elements but scatter_list[{root}] has "
                            f"{counts[root]}")
-    staging = _concatenate(inputs, out)
+    staging = _call.concatenate(inputs, out)
     return _call.launch(pg, op, comm.scatter, (staging, out.reshape(-1), root, counts), out,
                         async_op, root, result=(tensor,), keep=staging)
 
@@ -281,10 +256,10 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: Gr
     if counts[pg.rank()] != out.size:
         raise pg.error(name, f"output has {out.size} elements but input_list[{pg.rank()}] "
                              f"has {counts[pg.rank()]}")
-    staging = _concatenate(inputs, out)
+    staging = _call.concatenate(inputs, out)
     return _call.launch(pg, name, comm.reduce_scatter,
-                        (staging, out.reshape(-1), kind, factor, _uneven_counts(counts)), out,
-                        async_op, result=(output,), keep=staging)
+                        (staging, out.reshape(-1), kind, factor, _call.uneven_counts(counts)),
+                        out, async_op, result=(output,), keep=staging)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupLike = None,
@@ -302,22 +277,6 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupL
     arr = _call.apart(arr, out)  # e.g. output is this rank's block of input
     return _call.launch(pg, name, comm.reduce_scatter, (arr, out, kind, factor, None), arr,
                         async_op, result=(output,))
-
-
-def _splits(pg, op: str, arr: Any, splits: Optional[Sequence[int]], what: str) -> List[int]:
-    """Element counts per rank from row splits along dim 0 (``None``: equal rows)."""
-    rows = arr.shape[0] if arr.ndim else 1
-    row_size = arr.size // rows if rows else 0
-    if splits is None:
-        if rows % pg.size():
-            raise pg.error(op, f"{what} has {rows} rows, not divisible by the group size "
-                               f"{pg.size()}; pass split sizes")
-        return [rows // pg.size() * row_size] * pg.size()
-    splits = [int(s) for s in splits]
-    if len(splits) != pg.size() or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise pg.error(op, f"{what} split sizes {splits} must be {pg.size()} non-negative "
-                           f"row counts summing to {rows}")
-    return [s * row_size for s in splits]
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List[int]] = None,
@@ -340,8 +299,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List
                                  f"have equal sizes divisible by the group size {pg.size()}")
         args = (arr, out, None, None)
     else:
-        args = (arr, out, _splits(pg, name, arr, input_split_sizes, "input"),
-                _splits(pg, name, out, output_split_sizes, "output"))
+        args = (arr, out, _call.split_counts(pg, name, arr, input_split_sizes, "input"),
+                _call.split_counts(pg, name, out, output_split_sizes, "output"))
     return _call.launch(pg, name, comm.all_to_all, args, arr, async_op, result=(output,))
 
 
@@ -360,13 +319,13 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
     first, both = _same_real_dtype(inputs[0], inputs + outputs, pg, name,
                                    "(input_tensor_list + output_tensor_list)")
     inputs, outputs = both[:len(inputs)], both[len(inputs):]
-    staging_in = _concatenate(inputs, inputs[0])
+    staging_in = _call.concatenate(inputs, inputs[0])
     staging_out = _call.empty(first, sum(out.size for out in outputs))
     return _call.launch(pg, name, comm.all_to_all,
                         (staging_in, staging_out, [a.size for a in inputs],
                          [o.size for o in outputs]), first, async_op,
                         result=tuple(output_tensor_list),
-                        after=_scatter_into(staging_out, outputs),
+                        after=_call.scatter_into(staging_out, outputs),
                         keep=(staging_in, staging_out))
 
 

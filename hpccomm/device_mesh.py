@@ -27,7 +27,7 @@ from ._mesh_groups import DEFAULT as _DEFAULT
 from ._mesh_groups import BackendSpec, MeshGroups
 from ._mesh_layout import Layout
 from .errors import DistError, DistValueError
-from .group import ProcessGroup, _backend_map, registry, resolve
+from .group import ProcessGroup, backend_map, registry, resolve
 
 __all__ = ["init_device_mesh", "DeviceMesh"]
 
@@ -79,7 +79,7 @@ def _backend_spec(value: Any, op: str) -> BackendSpec:
     name, options = (value if isinstance(value, tuple) else
                      (value, None) if isinstance(value, str) else (None, value))
     if name is not None:
-        _backend_map(name, op)  # an unknown backend fails now, not at first use
+        backend_map(name, op)  # an unknown backend fails now, not at first use
     timeout = getattr(options, "_timeout", getattr(options, "timeout", None))
     if timeout is not None and hasattr(timeout, "total_seconds"):
         timeout = timeout.total_seconds()

@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Union
 
 from . import rendezvous
 from .errors import DistValueError
-from .group import ProcessGroup, _mpi, destroy, from_communicator, registry, resolve
+from .group import ProcessGroup, destroy, from_communicator, mpi_backend, registry, resolve
 from .types import timeout_seconds
 
 #: torch's ``shrink_flags`` values; hpccomm revokes the group in both cases, which is
@@ -136,7 +136,7 @@ def _without(pg: ProcessGroup, excluded: List[int]) -> Any:
     members = [r for r in range(pg.size()) if r not in excluded]
     rendezvous.meet_members(pg, members, "shrink_group", None)
     tag = (hash(tuple(members)) & 0x3FFF) + 1
-    return _mpi().create_subcomm(pg.comm, members, tag)
+    return mpi_backend().create_subcomm(pg.comm, members, tag)
 
 
 def _revoked(comm: Any) -> bool:

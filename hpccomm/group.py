@@ -16,8 +16,11 @@ from .errors import DistBackendError, DistError, DistValueError
 from .types import NON_GROUP_MEMBER, Backend, timeout_seconds
 
 
-def _mpi():
-    from .backends import mpi  # imported on first use: importing it initializes MPI
+def mpi_backend() -> Any:
+    """The MPI backend module (:mod:`.backends.mpi`: communicators and MPI plumbing),
+    imported on first use: importing it initializes MPI, which ``import hpccomm`` must
+    not do."""
+    from .backends import mpi
 
     return mpi
 
@@ -84,8 +87,7 @@ class ProcessGroup:
             raise DistValueError(
                 f"rank {self._rank} of group '{self.group_name}': no backend for {device} "
                 f"arrays (backends: {self.backend_string()})")
-        creator, devices, _ = Backend._plugins[name]
-        creator = Backend._device_creators.get((name, device), creator)
+        creator = Backend.creator_of(name, device)
         if isinstance(creator, str):
             module, _, attr = creator.partition(":")
             creator = getattr(importlib.import_module(module), attr)
@@ -192,7 +194,7 @@ class ProcessGroup:
             except Exception:
                 pass
         self._communicators.clear()
-        _mpi().free(self.comm)
+        mpi_backend().free(self.comm)
         self.comm = None
 
 
@@ -347,7 +349,7 @@ def get_process_group_ranks(group: GroupLike) -> List[int]:
 
 
 # -- creation -----------------------------------------------------------------------------
-def _backend_map(backend: Any, op: str) -> Dict[str, str]:
+def backend_map(backend: Any, op: str) -> Dict[str, str]:
     """``{"cpu": "mpi", "cuda": "nccl"}`` from any accepted backend spelling."""
     if backend is None:
         return dict(registry.backend_spec or Backend.default_device_backend_map)
@@ -359,25 +361,25 @@ def _backend_map(backend: Any, op: str) -> Dict[str, str]:
             mapping[device.strip()] = _known_backend(name.strip(), op)
         return mapping
     name = _known_backend(spec, op)
-    devices = Backend._plugins[name][1]
-    return {device: name for device in devices}
+    return {device: name for device in Backend.devices_of(name)}
 
 
 def _known_backend(name: str, op: str) -> str:
     canonical = Backend.canonical(name)
-    if canonical not in Backend._plugins:
+    if not Backend.is_registered(canonical):
+        names, aliases = Backend.registered()
         raise DistValueError(f"hpccomm.{op}: unknown backend '{name}'; registered: "
-                             f"{sorted(Backend._plugins)} (and aliases {sorted(Backend._aliases)})")
+                             f"{names} (and aliases {aliases})")
     return canonical
 
 
 def _make_group(comm: Any, name: str, timeout: Any, backend: Any, desc: Optional[str],
                 op: str) -> ProcessGroup:
     world = registry.world
-    world_ranks = _mpi().ranks_in(comm, world.comm)
+    world_ranks = mpi_backend().ranks_in(comm, world.comm)
     seconds = timeout_seconds(timeout, registry.timeout)
     pg = ProcessGroup(comm, name=name, world_ranks=world_ranks, timeout=seconds,
-                      backends=_backend_map(backend, op), desc=desc or name)
+                      backends=backend_map(backend, op), desc=desc or name)
     return registry.add(pg)
 
 
@@ -416,7 +418,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None, backen
     tag = (hash(tuple(members)) & 0x3FFF) + 1
     rendezvous.meet_members(world, members, "new_group", timeout_seconds(timeout))
     try:
-        comm = _mpi().create_subcomm(world.comm, members, tag)
+        comm = mpi_backend().create_subcomm(world.comm, members, tag)
     except Exception as exc:
         raise world.error("new_group", f"creating a group of ranks {members} failed: {exc}")
     pg = _make_group(comm, name, timeout, backend, group_desc, "new_group")
@@ -445,7 +447,7 @@ def split_group(parent_pg: GroupLike = None, split_ranks: Optional[List[List[int
     names = [registry.unique_name([parent.ranks[r] for r in ranks]) for ranks in splits]
     rendezvous.meet_all(parent, "split_group", timeout_seconds(timeout))
     try:
-        comm = _mpi().split(parent.comm, color, key)
+        comm = mpi_backend().split(parent.comm, color, key)
     except Exception as exc:
         raise parent.error("split_group", f"MPI_Comm_split failed: {exc}")
     if comm is None:
@@ -505,7 +507,7 @@ def new_subgroups(group_size: Optional[int] = None, group: GroupLike = None, tim
     parent = resolve(group, "new_subgroups")
     size = parent.size()
     if group_size is None:  # torch: one subgroup per machine
-        group_size = _mpi().node_local(parent.comm)[1]
+        group_size = mpi_backend().node_local(parent.comm)[1]
     if not isinstance(group_size, int) or group_size <= 0 or size % group_size:
         raise parent.error("new_subgroups", f"group_size {group_size!r} must be positive and "
                                             f"divide the group size {size}")

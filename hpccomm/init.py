@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import observe
 from ._launcher_env import RANK_VARS, SET_BY
 from .errors import DistValueError
-from .group import ProcessGroup, _backend_map, _mpi, destroy, is_non_member, registry, resolve
+from .group import (ProcessGroup, backend_map, destroy, is_non_member, mpi_backend, registry,
+                    resolve)
 from .types import Backend, default_pg_timeout, timeout_seconds
 from .work import POLLS_SHARED, set_oversubscribed
 
@@ -164,7 +165,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         warnings.warn(f"For MPI backend, world_size ({world_size}) and rank ({rank}) are "
                       f"ignored since they are assigned by the MPI runtime.", stacklevel=2)
         world_size = rank = -1  # as torch: the MPI backend takes them from MPI
-    mpi = _mpi()
+    mpi = mpi_backend()
     world_comm = mpi.world()
     mpi_rank, mpi_size = world_comm.Get_rank(), world_comm.Get_size()
     seconds = timeout_seconds(timeout, default_pg_timeout.total_seconds())
@@ -183,7 +184,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if failing:
         raise DistValueError(f"init_process_group: rank(s) {failing} rejected the launch "
                              f"settings (see their errors); rank {mpi_rank} stops too")
-    backends = _backend_map(backend, "init_process_group")
+    backends = backend_map(backend, "init_process_group")
     comm = mpi.dup(world_comm)
     pg = ProcessGroup(comm, name=group_name or "WORLD", world_ranks=range(mpi_size),
                       timeout=seconds, backends=backends)
@@ -208,7 +209,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
 def report_initialized(pg: ProcessGroup, seconds: float, cores: str, store: str) -> None:
     """Tell the observers (the diagnostics, when loaded) that ``pg`` is the job's world
     group, with the start-up facts they log. The torch adapter calls it for its world."""
-    mpi = _mpi()
+    mpi = mpi_backend()
     observe.initialized(pg, {
         "host": platform.node(),
         "MPI library": " ".join(mpi.library_version().split()),
@@ -302,7 +303,7 @@ def replace_default_group(comm: Any, desc: str, failed: bool) -> ProcessGroup:
 def abort_process_group(group: Any = None) -> None:
     """Abort the whole job from this rank (MPI offers no way to abort one group only)."""
     pg = resolve(group, "abort_process_group")
-    _mpi().world().Abort(1) if pg is None else pg.cpu.abort()
+    mpi_backend().world().Abort(1) if pg is None else pg.cpu.abort()
 
 
 def local_rank_and_size(pg: Optional[ProcessGroup] = None) -> Tuple[int, int]:
@@ -311,4 +312,4 @@ def local_rank_and_size(pg: Optional[ProcessGroup] = None) -> Tuple[int, int]:
         name: _env_int(name) for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     if env["LOCAL_RANK"] is not None and env["LOCAL_WORLD_SIZE"] is not None:
         return env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]
-    return _mpi().node_local((pg or resolve(None, "local_rank")).comm)
+    return mpi_backend().node_local((pg or resolve(None, "local_rank")).comm)

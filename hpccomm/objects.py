@@ -20,11 +20,12 @@ import numpy as np
 
 from . import _call, p2p, unpickling
 from .group import GroupLike, ProcessGroup, member_group, skip
+from .types import Tag
 from .unpickling import (add_safe_globals, clear_safe_globals, get_safe_globals,  # noqa: F401
                          safe_globals, set_weights_only, weights_only)
 
-_HEADER_TAG = p2p.INTERNAL_TAG
-_PAYLOAD_TAG = p2p.INTERNAL_TAG + 1
+_HEADER_TAG = Tag.OBJECT_HEADER
+_PAYLOAD_TAG = Tag.OBJECT_PAYLOAD
 
 #: Bytes per rank in the first round: an int64 byte count, then the pickle if it fits.
 SLOT = 256
@@ -205,11 +206,11 @@ def send_object_list(object_list: List[Any], dst: Optional[int] = None, group: G
     pg = member_group(group, op)
     if pg is None:
         return skip(op, dst, group_dst, "dst", required=True)
-    peer = p2p._peer(pg, op, dst, group_dst, "dst", True)
+    peer = p2p.peer_rank(pg, op, dst, group_dst, "dst", True)
     payload = _dumps(list(object_list))
     header = np.array([payload.size, len(object_list)], dtype=np.int64)
-    first = p2p._start_send(pg, header, None, _HEADER_TAG, peer, op, True, internal=True)
-    p2p._start_send(pg, payload, None, _PAYLOAD_TAG, peer, op, False, internal=True)
+    first = p2p.start_send(pg, header, None, _HEADER_TAG, peer, op, True, internal=True)
+    p2p.start_send(pg, payload, None, _PAYLOAD_TAG, peer, op, False, internal=True)
     first.wait()
 
 
@@ -226,9 +227,9 @@ def recv_object_list(object_list: List[Any], src: Optional[int] = None, group: G
     if pg is None:
         return skip(op, src, group_src, "src", result=-1)
     header = np.zeros(2, dtype=np.int64)
-    source = p2p._start_recv(pg, header, src, _HEADER_TAG, group_src, op, False, internal=True)
+    source = p2p.start_recv(pg, header, src, _HEADER_TAG, group_src, op, False, internal=True)
     payload = np.empty(int(header[0]), dtype=np.uint8)
-    p2p._start_recv(pg, payload, None, _PAYLOAD_TAG, source, op, False, internal=True)
+    p2p.start_recv(pg, payload, None, _PAYLOAD_TAG, source, op, False, internal=True)
     received = _loads(payload, pg, op)
     sender = pg.ranks[source]
     if len(received) != len(object_list):

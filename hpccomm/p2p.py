@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional
 
 from . import _call
 from .group import GroupLike, ProcessGroup, member_group, resolve, skip
-from .types import INTERNAL_TAG, MAX_USER_TAG  # noqa: F401  (INTERNAL_TAG: used by others)
+from .types import MAX_USER_TAG
 from .work import Work
 
 
@@ -22,8 +22,8 @@ def _check_tag(pg: ProcessGroup, op: str, tag: int, internal: bool) -> None:
         raise pg.error(op, f"tag {tag!r} must be an int in [0, {MAX_USER_TAG}]")
 
 
-def _peer(pg: ProcessGroup, op: str, rank: Optional[int], group_rank: Optional[int],
-          name: str, blocking: bool) -> int:
+def peer_rank(pg: ProcessGroup, op: str, rank: Optional[int], group_rank: Optional[int],
+              name: str, blocking: bool) -> int:
     """The peer's group rank. Blocking calls may not name this rank itself (they would
     wait forever, and torch refuses them too); ``isend``/``irecv`` may."""
     peer = _call.root(pg, op, rank, group_rank, name)
@@ -33,23 +33,26 @@ def _peer(pg: ProcessGroup, op: str, rank: Optional[int], group_rank: Optional[i
     return peer
 
 
-def _start_send(pg: ProcessGroup, tensor: Any, dst: Optional[int], tag: int,
-                group_dst: Optional[int], op: str, async_op: bool,
-                internal: bool = False) -> Optional[Work]:
+def start_send(pg: ProcessGroup, tensor: Any, dst: Optional[int], tag: int,
+               group_dst: Optional[int], op: str, async_op: bool,
+               internal: bool = False) -> Optional[Work]:
+    """Validate and start a send on ``pg`` (the Work if ``async_op``, else ``None``);
+    ``internal``: a reserved tag (:class:`~hpccomm.types.Tag`) of hpccomm's own messages."""
     _check_tag(pg, op, tag, internal)
-    peer = _peer(pg, op, dst, group_dst, "dst", not async_op)
+    peer = peer_rank(pg, op, dst, group_dst, "dst", not async_op)
     comm, arr = _call.array(pg, op, tensor, output=False)
     return _call.launch(pg, op, comm.send, (arr, peer, tag), arr, async_op, pg.ranks[peer])
 
 
-def _start_recv(pg: ProcessGroup, tensor: Any, src: Optional[int], tag: int,
-                group_src: Optional[int], op: str, async_op: bool,
-                internal: bool = False) -> Any:
-    """The Work if ``async_op``, else the sender's group rank."""
+def start_recv(pg: ProcessGroup, tensor: Any, src: Optional[int], tag: int,
+               group_src: Optional[int], op: str, async_op: bool,
+               internal: bool = False) -> Any:
+    """Validate and start a receive on ``pg``: the Work if ``async_op``, else the
+    sender's group rank; ``internal`` as for :func:`start_send`."""
     _check_tag(pg, op, tag, internal)
     peer = None
     if src is not None or group_src is not None:
-        peer = _peer(pg, op, src, group_src, "src", not async_op)
+        peer = peer_rank(pg, op, src, group_src, "src", not async_op)
     comm, arr = _call.array(pg, op, tensor)
     if peer is None:  # the backend's finishing step reports the sender
         return _call.launch(pg, op, comm.recv, (arr, None, tag), arr, async_op,
@@ -58,8 +61,8 @@ def _start_recv(pg: ProcessGroup, tensor: Any, src: Optional[int], tag: int,
                            result=(tensor,))
     if not async_op:
         return peer
-    if outcome._value is None:
-        outcome._value = peer  # what source_rank() reports once the receive completes
+    if outcome.value is None:
+        outcome.value = peer  # what source_rank() reports once the receive completes
     return outcome
 
 
@@ -69,7 +72,7 @@ def send(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: i
     pg = member_group(group, "send")
     if pg is None:
         return skip("send", dst, group_dst, "dst", required=True)
-    _start_send(pg, tensor, dst, tag, group_dst, "send", False)
+    start_send(pg, tensor, dst, tag, group_dst, "send", False)
 
 
 def isend(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: int = 0,
@@ -78,7 +81,7 @@ def isend(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: 
     pg = member_group(group, "isend")
     if pg is None:
         return skip("isend", dst, group_dst, "dst", required=True)
-    return _start_send(pg, tensor, dst, tag, group_dst, "isend", True)
+    return start_send(pg, tensor, dst, tag, group_dst, "isend", True)
 
 
 def recv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: int = 0,
@@ -90,7 +93,7 @@ def recv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: i
     pg = member_group(group, "recv")
     if pg is None:
         return skip("recv", src, group_src, "src", result=-1)
-    return pg.ranks[_start_recv(pg, tensor, src, tag, group_src, "recv", False)]
+    return pg.ranks[start_recv(pg, tensor, src, tag, group_src, "recv", False)]
 
 
 def irecv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: int = 0,
@@ -99,7 +102,7 @@ def irecv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: 
     pg = member_group(group, "irecv")
     if pg is None:
         return skip("irecv", src, group_src, "src")
-    return _start_recv(pg, tensor, src, tag, group_src, "irecv", True)
+    return start_recv(pg, tensor, src, tag, group_src, "irecv", True)
 
 
 class P2POp:
@@ -162,11 +165,11 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     try:
         for item in p2p_op_list:
             if item.op is isend:
-                works.append(_start_send(pg, item.tensor, None, item.tag, item.group_peer,
-                                         "isend", True))
+                works.append(start_send(pg, item.tensor, None, item.tag, item.group_peer,
+                                        "isend", True))
             else:
-                works.append(_start_recv(pg, item.tensor, None, item.tag, item.group_peer,
-                                         "irecv", True))
+                works.append(start_recv(pg, item.tensor, None, item.tag, item.group_peer,
+                                        "irecv", True))
     finally:
         for comm in batches:
             comm.end_batch()

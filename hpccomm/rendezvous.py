@@ -13,11 +13,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .types import INTERNAL_TAG
+from .types import Tag
 from .work import as_work
 
-ARRIVE_TAG = INTERNAL_TAG + 24
-RELEASE_TAG = INTERNAL_TAG + 25
+ARRIVE_TAG = Tag.RENDEZVOUS_ARRIVE
+RELEASE_TAG = Tag.RENDEZVOUS_RELEASE
 
 
 def _wait(outcome: Any, pg: Any, op: str, deadline: float, peer: Optional[int] = None) -> None:

@@ -17,6 +17,22 @@ MAX_USER_TAG = 32767 - 64
 #: First tag reserved for hpccomm's own point-to-point messages (objects, barriers...).
 INTERNAL_TAG = MAX_USER_TAG + 1
 
+
+class Tag(enum.IntEnum):
+    """Every tag hpccomm's own point-to-point messages use, all above
+    :data:`MAX_USER_TAG`: one per kind of message, so that they never match each other
+    or a user's message on the same communicator. A new kind takes an unused value here."""
+
+    OBJECT_HEADER = INTERNAL_TAG + 0       # send/recv_object_list: sizes, then
+    OBJECT_PAYLOAD = INTERNAL_TAG + 1      # the pickled objects
+    BARRIER_ACK = INTERNAL_TAG + 8         # monitored_barrier: a rank arrived at rank 0
+    BARRIER_RELEASE = INTERNAL_TAG + 9     # monitored_barrier: rank 0's verdict
+    ROLLCALL = INTERNAL_TAG + 16           # a timed-out rank's report to the others
+    RENDEZVOUS_ARRIVE = INTERNAL_TAG + 24  # rendezvous under a deadline: arrived
+    RENDEZVOUS_RELEASE = INTERNAL_TAG + 25  # rendezvous: the leader lets everyone go
+    SHM_PROGRESS = INTERNAL_TAG + 60       # never sent: probing it only progresses MPI
+    NCCL_BOOTSTRAP = 32767                 # a pair communicator's NCCL unique id
+
 #: Default timeout of collectives on CPU groups, as torch's ``default_pg_timeout``.
 default_pg_timeout = datetime.timedelta(minutes=30)
 
@@ -182,6 +198,27 @@ class Backend(str):
         """The registered name behind ``name`` (aliases resolved)."""
         key = name.lower()
         return cls._aliases.get(key, key)
+
+    @classmethod
+    def is_registered(cls, name: str) -> bool:
+        """Whether ``name`` (canonical: see :meth:`canonical`) is a registered backend."""
+        return name in cls._plugins
+
+    @classmethod
+    def registered(cls) -> "tuple[List[str], List[str]]":
+        """``(names, aliases)``, sorted, for error messages."""
+        return sorted(cls._plugins), sorted(cls._aliases)
+
+    @classmethod
+    def devices_of(cls, name: str) -> List[str]:
+        """The device types the registered backend ``name`` serves."""
+        return cls._plugins[name][1]
+
+    @classmethod
+    def creator_of(cls, name: str, device: str) -> Any:
+        """What makes backend ``name``'s communicator for ``device`` arrays: a callable
+        ``(mpi_comm, timeout)``, or a ``"module:attribute"`` string naming one."""
+        return cls._device_creators.get((name, device), cls._plugins[name][0])
 
 
 class _NonGroupMember(int):

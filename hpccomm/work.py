@@ -36,6 +36,7 @@ _INF = float("inf")
 Started = Tuple[Callable[[], bool], Optional[Callable[[], Any]], Any]
 
 _PENDING, _DONE, _FAILED = 0, 1, 2
+_STATE_NAMES = ("pending", "completed", "failed")
 
 #: Polls between two deadline checks, each followed by a ``sched_yield``. 64 when every
 #: rank has a core (a yield there returns at once); 4 when ranks outnumber cores, where
@@ -199,6 +200,11 @@ class Work:
     The public layer fills in what the operation was (group, op name, sequence number,
     shape and dtype) for error messages and observers; backends never see it. Observers
     that time operations (the flight recorder) set ``t_start`` and ``t_end``.
+
+    Beside torch's methods, the dispatch path, the backends and the diagnostics use a
+    few of their own: :meth:`add_finish`, :meth:`hold` and :meth:`set_result` before
+    completion, :attr:`value` and :attr:`state` after it, :meth:`fail` and
+    :meth:`timed_out` to end it with an error.
     """
 
     __slots__ = ("_test", "_finish", "_keep", "_state", "_error", "_result", "_value",
@@ -206,7 +212,8 @@ class Work:
                  "t_start", "t_end")
 
     def __init__(self, test: Optional[Callable[[], bool]] = None,
-                 finish: Optional[Callable[[], Any]] = None, keep: Any = None):
+                 finish: Optional[Callable[[], Any]] = None, keep: Any = None,
+                 result: Sequence[Any] = ()):
         # Only what every wait reads is set here; the public layer stamps group, op, seq,
         # arr and timeout, and any slot left unset reads its default (``__getattr__``).
         if isinstance(test, Deferred):
@@ -216,6 +223,8 @@ class Work:
         self._keep = keep
         self._state = _PENDING
         self._future: Optional[Future] = None
+        if result:
+            self._result = result
 
     def __del__(self) -> None:
         if self._state == _PENDING and self._keep is not None:  # dropped unfinished
@@ -241,6 +250,42 @@ class Work:
         """Dtype of the operation's main array (``None`` for a barrier)."""
         arr = self.arr
         return None if arr is None else arr.dtype
+
+    # -- for the dispatch path, the backends and the diagnostics ----------------
+    def add_finish(self, step: Callable[[], Any]) -> None:
+        """Run ``step`` after the finishing step, once the operation completes
+        (:attr:`value` stays the finishing step's, if there is one)."""
+        self._finish = chain(self._finish, step)
+
+    def hold(self, obj: Any) -> None:
+        """Keep ``obj`` (staging buffers) alive until the operation ends, even if it
+        times out or is dropped unfinished."""
+        self._keep = (self._keep, obj)
+
+    def set_result(self, result: Sequence[Any]) -> None:
+        """The arrays :meth:`result` and the future return."""
+        self._result = result
+
+    @property
+    def value(self) -> Any:
+        """What the finishing step returned (a receive: the sender's group rank), or
+        ``None``; set it where the finishing step returns nothing."""
+        return self._value
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        self._value = value
+
+    @property
+    def state(self) -> str:
+        """``"pending"``, ``"completed"`` or ``"failed"``, without polling."""
+        return _STATE_NAMES[self._state]
+
+    def fail(self, exc: BaseException) -> BaseException:
+        """End the operation with ``exc`` (a non-hpccomm error is described as this
+        operation's); returns the error to raise."""
+        self._fail(exc)
+        return self._error
 
     # -- completion -------------------------------------------------------------
     def _complete(self) -> None:
@@ -293,7 +338,7 @@ class Work:
                 limit = self.timeout if not timeout else timeout_seconds(timeout)
                 waited = poll(test, limit)
                 if waited:
-                    self._timed_out(waited, limit)
+                    self.timed_out(waited, limit)
         except DistTimeoutError:
             raise
         except BaseException as exc:
@@ -302,7 +347,9 @@ class Work:
         self._complete()
         return True
 
-    def _timed_out(self, waited: float, limit: Optional[float]) -> None:
+    def timed_out(self, waited: float, limit: Optional[float]) -> None:
+        """End the operation with a timeout error after ``waited`` seconds (``limit``:
+        the timeout) and raise it; the observers add what they know (the roll call)."""
         self._state = _FAILED
         keep, self._keep = self._keep, None
         abandon(self._test, keep)
@@ -390,8 +437,7 @@ class Work:
         return f"{what} on {where}"
 
     def __repr__(self) -> str:
-        state = ("pending", "completed", "failed")[self._state]
-        return f"<Work {self.op} seq={self.seq} {state}>"
+        return f"<Work {self.op} seq={self.seq} {self.state}>"
 
 
 def failure_error(what: str, group: Any, exc: BaseException) -> DistError:

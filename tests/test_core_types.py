@@ -54,7 +54,7 @@ def test_work_wait_timeout_argument_overrides_group_timeout():
 def test_work_completion_runs_finish_once_and_settles_future():
     calls, polls = [], iter([False, False, True])
     work = Work(lambda: next(polls), finish=lambda: calls.append(1))
-    work._result = ("out",)
+    work.set_result(("out",))
     future = work.get_future()
     chained = future.then(lambda fut: fut.value()[0] + "!")
     assert not future.done()
@@ -121,3 +121,19 @@ def test_as_work_wraps_a_host_triple_and_keeps_a_work():
     assert as_work(same) is same
     with pytest.raises(hpccomm.DistError, match="completed receive"):
         Work(lambda: False).source_rank()
+
+
+def test_works_internal_api_chains_holds_and_reports():
+    """What the dispatch path and the diagnostics use: steps after the finishing step,
+    buffers held until the end, the finishing step's value, the state, failing."""
+    order = []
+    work = Work(lambda: True, finish=lambda: order.append("finish") or 7, result=("a",))
+    work.add_finish(lambda: order.append("after"))
+    work.hold("buffer")
+    assert work.state == "pending" and work.value is None
+    assert work.wait() and order == ["finish", "after"]
+    assert (work.state, work.value, work.result()) == ("completed", 7, ["a"])
+    failed = Work(lambda: False)
+    error = failed.fail(RuntimeError("boom"))
+    assert failed.state == "failed" and failed.exception() is error
+    assert isinstance(error, hpccomm.DistError) and "boom" in str(error)

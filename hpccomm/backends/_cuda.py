@@ -176,12 +176,12 @@ class CudaWork(Work):
     def block_current_stream(self) -> None:
         self.wait()
 
-    def _timed_out(self, waited: float, limit: Optional[float]) -> None:
+    def timed_out(self, waited: float, limit: Optional[float]) -> None:
         try:
             self.owner.fail(None, f"{self.describe()} timed out after {waited:.3f} s "
                                   f"(blocking wait)", abort=True)
         finally:
-            super()._timed_out(waited, limit)
+            super().timed_out(waited, limit)
 
 
 class Watchdog:

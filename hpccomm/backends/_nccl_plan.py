@@ -27,10 +27,11 @@ class Plan(NamedTuple):
 
 _AVG = RedOpType.AVG
 _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
-_UFUNC = {RedOpType.SUM: "add", RedOpType.AVG: "add", RedOpType.PREMUL_SUM: "add",
-          RedOpType.PRODUCT: "multiply", RedOpType.MIN: "minimum", RedOpType.MAX: "maximum",
-          RedOpType.BAND: "bitwise_and", RedOpType.BOR: "bitwise_or",
-          RedOpType.BXOR: "bitwise_xor"}
+#: The CuPy ufunc that combines two partial results of each reduction.
+UFUNC = {RedOpType.SUM: "add", RedOpType.AVG: "add", RedOpType.PREMUL_SUM: "add",
+         RedOpType.PRODUCT: "multiply", RedOpType.MIN: "minimum", RedOpType.MAX: "maximum",
+         RedOpType.BAND: "bitwise_and", RedOpType.BOR: "bitwise_or",
+         RedOpType.BXOR: "bitwise_xor"}
 
 
 def make_plan(nccl: Any, dtype: Any, kind: RedOpType, has_avg: bool) -> Plan:

@@ -107,8 +107,9 @@ def transfer_type(dtype: Any) -> Any:
     return mpitype
 
 
-def _plan(dtype: Any, kind: RedOpType) -> _Plan:
-    """How to reduce ``dtype`` with ``kind``: type, op, staging dtype (cached)."""
+def reduction_plan(dtype: Any, kind: RedOpType) -> _Plan:
+    """How to reduce ``dtype`` with ``kind``: ``(MPI type, MPI op, staging dtype or
+    None)`` (cached in :data:`_PLANS`, which the hot path reads first)."""
     plan = _PLANS[kind].get(dtype)
     if plan is None:
         if dtype.kind == "b":
@@ -132,8 +133,8 @@ def direct_sum_types() -> Dict[Any, int]:
     empty dict where the direct form is unavailable)."""
     global _DIRECT_TYPES
     if _DIRECT_TYPES is None:
-        _DIRECT_TYPES = (mpi_direct.sum_types({dtype: _plan(dtype, _SUM)
-                                               for dtype in _PREDEFINED})
+        _DIRECT_TYPES = (mpi_direct.sum_types({dtype: reduction_plan(dtype, _SUM)
+                                                for dtype in _PREDEFINED})
                          if mpi_direct.available() else {})
     return _DIRECT_TYPES
 
@@ -242,7 +243,7 @@ class MPICommunicator(Communicator):
         return self._collective(buf.nbytes, None, self.comm.Ibcast, [buf, mpitype], root)
 
     def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
-        plan = _PLANS[kind].get(buf.dtype) or _plan(buf.dtype, kind)
+        plan = _PLANS[kind].get(buf.dtype) or reduction_plan(buf.dtype, kind)
         mpitype, op, stage = plan
         if stage is None:
             if kind is _SUM:
@@ -262,7 +263,7 @@ class MPICommunicator(Communicator):
                                 self.comm.Iallreduce, IN_PLACE, [tmp, mpitype], op)
 
     def reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any, root: int) -> Started:
-        mpitype, op, stage = _PLANS[kind].get(buf.dtype) or _plan(buf.dtype, kind)
+        mpitype, op, stage = _PLANS[kind].get(buf.dtype) or reduction_plan(buf.dtype, kind)
         at_root = self.rank == root
         work_buf = buf if stage is None else buf.astype(stage)
         if kind is _PREMUL_SUM:
@@ -310,7 +311,7 @@ class MPICommunicator(Communicator):
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
                        factor: Any, counts: Optional[Sequence[int]]) -> Started:
-        mpitype, op, stage = _PLANS[kind].get(send.dtype) or _plan(send.dtype, kind)
+        mpitype, op, stage = _PLANS[kind].get(send.dtype) or reduction_plan(send.dtype, kind)
         if kind is _SUM and stage is None and counts is None:  # the common case
             return self._collective(send.nbytes, None, self.comm.Ireduce_scatter_block,
                                     [send, mpitype], [recv, mpitype], op)

@@ -28,7 +28,7 @@ from ..types import RedOpType
 from ..work import Started, chain
 from . import _cuda
 from .base import Communicator
-from .mpi import MPICommunicator, _plan
+from .mpi import MPICommunicator, reduction_plan
 
 
 def cuda_aware_mpi() -> bool:
@@ -92,7 +92,7 @@ class MPICudaCommunicator(Communicator):
             return False
         if kind is None:
             return True
-        return kind != RedOpType.PREMUL_SUM and _plan(dtype, kind)[2] is None
+        return kind != RedOpType.PREMUL_SUM and reduction_plan(dtype, kind)[2] is None
 
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, buf: Any, root: int) -> Started:

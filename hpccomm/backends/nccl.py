@@ -23,16 +23,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 from ..errors import DistBackendError, DistError, DistTimeoutError, DistValueError
-from ..types import RedOpType
+from ..types import RedOpType, Tag
 from ..work import Work
 from . import _cuda
-from ._nccl_plan import _UFUNC, Plan, make_plan, offsets
+from ._nccl_plan import UFUNC, Plan, make_plan, offsets
 from .base import Communicator
 
 _SUM, _AVG, _PREMUL = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM
 
 #: MPI tag for sending a pair communicator's unique id (top of hpccomm's reserved range).
-BOOTSTRAP_TAG = 32767
+BOOTSTRAP_TAG = Tag.NCCL_BOOTSTRAP
 _MEMCPY_D2D = 3  # cudaMemcpyDeviceToDevice
 _available: Optional[bool] = None
 
@@ -214,7 +214,7 @@ class NCCLCommunicator(Communicator):
 
     def _reduce_rows(self, rows: Any, kind: RedOpType, factor: Any) -> Any:
         """Reduce the rows of a gathered array in rank order (same result on every rank)."""
-        ufunc = getattr(self.cp, _UFUNC[kind])
+        ufunc = getattr(self.cp, UFUNC[kind])
         acc = rows[0].copy()
         if kind == _PREMUL:
             _cuda.premultiply(self.cp, acc, factor, acc)

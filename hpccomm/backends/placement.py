@@ -84,8 +84,9 @@ class Placement:
         text = (f"{self.host_ranks} rank{'s' if self.host_ranks != 1 else ''} on "
                 f"{self.cpus} CPUs of this host, {'bound' if self.bound else 'unbound'}; "
                 f"{self.nodes} node{'s' if self.nodes != 1 else ''}")
-        if simulated_nodes():
-            text += f" ({settings.NODES.name}={simulated_nodes()}: {self.local_size} ranks per node)"
+        nodes = simulated_nodes()
+        if nodes:
+            text += f" ({settings.NODES.name}={nodes}: {self.local_size} ranks per node)"
         forced = forced_crowding()
         if forced is not None:
             text += f", {settings.OVERSUBSCRIBED.name}={int(forced)}"

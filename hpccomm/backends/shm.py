@@ -41,7 +41,7 @@ from mpi4py import MPI
 
 from .. import settings
 from ..errors import DistBackendError
-from ..types import INTERNAL_TAG, RedOpType
+from ..types import RedOpType, Tag
 from .. import work as _work
 from ..work import Started
 from . import mpi as _mpi_backend
@@ -81,7 +81,7 @@ SLOTS = 4
 #: Whether the MPI path reduces float16 natively (else it stages it in float32, as here).
 _HALF_NATIVE = np.dtype("e") in getattr(_mpi_backend, "_PREDEFINED", {})
 #: A tag nothing is sent with: probing it only runs MPI's progress engine.
-_PROGRESS_TAG = INTERNAL_TAG + 60
+_PROGRESS_TAG = int(Tag.SHM_PROGRESS)  # a plain int on the polling path
 #: Communicators with shared-memory operations under way (advanced by every wait).
 _busy: List["SharedMemoryCommunicator"] = []
 

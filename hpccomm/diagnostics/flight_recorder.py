@@ -33,7 +33,6 @@ from . import debug, rollcall
 #: Ring size when ``HPCCOMM_TRACE_BUFFER`` is unset and the debug level is INFO or DETAIL.
 DEFAULT_SIZE = 2000
 
-_STATES = ("pending", "completed", "failed")
 _monotonic = time.monotonic
 
 
@@ -107,9 +106,9 @@ def configure() -> None:
 
 def _entry(work: Work, offset: float) -> Dict[str, Any]:
     group = work.group
-    state = _STATES[work._state]
-    if work._state == 2 and (work._error is None or
-                             type(work._error).__name__ == "DistTimeoutError"):
+    state = work.state
+    error = work.exception()
+    if state == "failed" and (error is None or type(error).__name__ == "DistTimeoutError"):
         state = "timed out"
     entry: Dict[str, Any] = {
         "seq": work.seq, "op": work.op, "state": state,

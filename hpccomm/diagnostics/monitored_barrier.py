@@ -21,14 +21,13 @@ from typing import Any, List, Union
 
 import numpy as np
 
-from .. import p2p
 from ..errors import DistTimeoutError
 from ..group import GroupLike, ProcessGroup, member_group, skip
-from ..types import timeout_seconds
+from ..types import Tag, timeout_seconds
 from ..work import as_work
 
-ACK_TAG = p2p.INTERNAL_TAG + 8
-RELEASE_TAG = p2p.INTERNAL_TAG + 9
+ACK_TAG = Tag.BARRIER_ACK
+RELEASE_TAG = Tag.BARRIER_RELEASE
 #: Extra time non-zero ranks wait for rank 0's verdict beyond the timeout.
 GRACE_S = 1.0
 _PASSED, _FAILED = 0, 1

@@ -21,12 +21,12 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from .. import observe, settings
-from ..types import INTERNAL_TAG
+from ..types import Tag
 from ..work import as_work
 from .ops import CODES, NAMES
 
-#: Reserved tag of roll-call messages (``INTERNAL_TAG`` + 16).
-TAG = INTERNAL_TAG + 16
+#: Reserved tag of roll-call messages.
+TAG = Tag.ROLLCALL
 #: How long a timed-out rank listens for the others' reports.
 GRACE_S = settings.ROLLCALL_GRACE.get()
 #: Largest group that runs a roll call: every stuck rank messages every other rank, so
@@ -77,7 +77,7 @@ def hook(work: Any, waited: float) -> Optional[str]:
     polls = 0
     while receive is not None and time.monotonic() < deadline:
         if receive.is_completed():
-            source = receive._value  # the sender's group rank
+            source = receive.value  # the sender's group rank
             if 0 <= source < size and source != me:
                 heard[source] = buf.tolist()
             receive = None

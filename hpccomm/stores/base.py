@@ -95,7 +95,8 @@ def as_timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def _ms(seconds: Optional[float]) -> int:
+def milliseconds(seconds: Optional[float]) -> int:
+    """A request's timeout on the wire: whole milliseconds, -1 for the server's default."""
     return -1 if seconds is None else int(round(seconds * 1000))
 
 

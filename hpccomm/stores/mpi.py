@@ -45,7 +45,7 @@ from hpccomm.stores import _spin
 from hpccomm.stores._core import Outgoing, StoreCore
 from hpccomm.stores._wire import (Op, ProtocolError, Status, decode_reply, encode_reply,
                                   encode_request)
-from hpccomm.stores.base import DEFAULT_TIMEOUT, RequestStore, Store, Timeout, _ms
+from hpccomm.stores.base import DEFAULT_TIMEOUT, RequestStore, Store, Timeout, milliseconds
 
 log = logging.getLogger("hpccomm.stores")
 
@@ -329,7 +329,7 @@ class MPIStore(RequestStore):
     def _call(self, op: Op, fields: Sequence[bytes],
               timeout_s: Optional[float] = None) -> Tuple[Status, List[bytes]]:
         shared = self._shared
-        payload = encode_request(op, fields, _ms(timeout_s))
+        payload = encode_request(op, fields, milliseconds(timeout_s))
         limit = (self._timeout_s if timeout_s is None else timeout_s) + _GRACE_S
         if shared.closed:
             raise DistStoreError("MPIStore: the store was closed")

@@ -35,7 +35,7 @@ from hpccomm.stores._wire import (FRAME_HEAD, MAX_PAYLOAD, ProtocolError, Status
 from hpccomm.stores._wire import unpack_framed_reply_none as _unpack_reply_none
 from hpccomm.stores._wire import unpack_framed_reply_one as _unpack_reply_one
 from hpccomm.stores._wire import op_name
-from hpccomm.stores.base import DEFAULT_TIMEOUT, RequestStore, Store, Timeout, _ms
+from hpccomm.stores.base import DEFAULT_TIMEOUT, RequestStore, Store, Timeout, milliseconds
 from hpccomm.stores.tcp_server import AUTH_OK, TCPStoreServer, auth_digest, parse_hello
 
 _WILDCARDS = ("", "0.0.0.0", "::", "*")
@@ -464,7 +464,7 @@ class TCPStore(RequestStore):
         if timeout_s is None:
             return self._client.request(encode_framed_request(op, fields),
                                         self._timeout_s + _GRACE_S)
-        return self._client.request(encode_framed_request(op, fields, _ms(timeout_s)),
+        return self._client.request(encode_framed_request(op, fields, milliseconds(timeout_s)),
                                     timeout_s + _GRACE_S)
 
     def _ok(self, op: int, fields: Sequence[bytes], timeout_s: Optional[float] = None,
@@ -475,7 +475,7 @@ class TCPStore(RequestStore):
                                                self._timeout_s + _GRACE_S)
         else:
             status, out = self._client.request(
-                encode_framed_request(op, fields, _ms(timeout_s)), timeout_s + _GRACE_S)
+                encode_framed_request(op, fields, milliseconds(timeout_s)), timeout_s + _GRACE_S)
         if status is _OK:
             return out
         raise self._error(status, out, what or op_name(op).lower(), timeout_s)

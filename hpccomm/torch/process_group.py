@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 
 from .. import _call
-from ..collectives import _concatenate, _scatter_into, _splits, _uneven_counts
 from ..diagnostics.monitored_barrier import run_on as _monitored_barrier_on
 from ..errors import DistBackendError
 from ..group import ProcessGroup as HostGroup
@@ -304,8 +303,8 @@ class ProcessGroupHPC(dist.ProcessGroup):
                                        f"{self.rank()} has {counts[self.rank()]}")
         staging = _call.empty(arr, sum(counts))
         return self._run(op, comm.all_gather, (arr.reshape(-1), staging,
-                                               _uneven_counts(counts)), arr, opts,
-                         output_tensors, _scatter_into(staging, outs), staging)
+                                               _call.uneven_counts(counts)), arr, opts,
+                         output_tensors, _call.scatter_into(staging, outs), staging)
 
     @_operation("all_gather_coalesced", _first_of_second)
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
@@ -321,8 +320,8 @@ class ProcessGroupHPC(dist.ProcessGroup):
             outs = self._arrays(op, comm, arr.dtype, outputs, "output_lists[i]")
             staging = _call.empty(arr, sum(out.size for out in outs))
             starts.append((comm.all_gather, (arr.reshape(-1), staging,
-                                             _uneven_counts([o.size for o in outs]))))
-            steps.append(_scatter_into(staging, outs))
+                                             _call.uneven_counts([o.size for o in outs]))))
+            steps.append(_call.scatter_into(staging, outs))
             keep.append(staging)
         return self._run_all(op, starts, None, opts, output_lists, _steps(steps))
 
@@ -384,7 +383,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
                                        f"[{root}] has {counts[root]}")
         staging = _call.empty(arr, sum(counts))
         return self._run(op, comm.gather, (arr.reshape(-1), staging, root, counts), arr, opts,
-                         output_tensors, _scatter_into(staging, outs), staging)
+                         output_tensors, _call.scatter_into(staging, outs), staging)
 
     @_operation("scatter", _first)
     def scatter(self, output_tensors: List[torch.Tensor],
@@ -407,7 +406,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
         if counts[root] != out.size:
             raise self._host.error(op, f"tensor has {out.size} elements but scatter_list"
                                        f"[{root}] has {counts[root]}")
-        staging = _concatenate(ins, out)
+        staging = _call.concatenate(ins, out)
         return self._run(op, comm.scatter, (staging, out.reshape(-1), root, counts), out, opts,
                          output_tensors, back, staging)
 
@@ -426,9 +425,9 @@ class ProcessGroupHPC(dist.ProcessGroup):
             raise self._host.error(op, f"output has {out.size} elements but input_list"
                                        f"[{self.rank()}] has {counts[self.rank()]}")
         kind, factor = _call.reduction(self._host, op, _reduce_op(opts.reduceOp), out.dtype)
-        staging = _concatenate(ins, out)
+        staging = _call.concatenate(ins, out)
         return self._run(op, comm.reduce_scatter, (staging, out.reshape(-1), kind, factor,
-                                                   _uneven_counts(counts)), out, opts,
+                                                   _call.uneven_counts(counts)), out, opts,
                          output_tensors, back, staging)
 
     def _scatter_reduced(self, op: str, output: torch.Tensor, input: torch.Tensor, red: Any
@@ -481,11 +480,11 @@ class ProcessGroupHPC(dist.ProcessGroup):
         ins = self._arrays(op, comm, first.dtype, input_tensors, "input_tensor_list",
                            output=False)
         outs = self._arrays(op, comm, first.dtype, output_tensors, "output_tensor_list")
-        staging_in = _concatenate(ins, first)
+        staging_in = _call.concatenate(ins, first)
         staging_out = _call.empty(first, sum(out.size for out in outs))
         return self._run(op, comm.all_to_all, (staging_in, staging_out, [a.size for a in ins],
                                                [o.size for o in outs]), first, opts,
-                         output_tensors, _scatter_into(staging_out, outs),
+                         output_tensors, _call.scatter_into(staging_out, outs),
                          (staging_in, staging_out))
 
     @_operation("all_to_all_single", _tensor_arg, "alltoall_base")
@@ -505,8 +504,9 @@ class ProcessGroupHPC(dist.ProcessGroup):
                                            f"the group size {self.size()}")
             args = (arr, out, None, None)
         else:
-            args = (arr, out, _splits(self._host, op, arr, input_split_sizes or None, "input"),
-                    _splits(self._host, op, out, output_split_sizes or None, "output"))
+            split = _call.split_counts
+            args = (arr, out, split(self._host, op, arr, input_split_sizes or None, "input"),
+                    split(self._host, op, out, output_split_sizes or None, "output"))
         return self._run(op, comm.all_to_all, args, arr, opts, [output], back)
 
     alltoall_base = all_to_all_single
@@ -561,8 +561,8 @@ class ProcessGroupHPC(dist.ProcessGroup):
                            after)
         except DistBackendError as exc:
             raise for_torch(exc) from None
-        if peer is not None and work._value is None:
-            work._value = peer  # what source_rank() reports
+        if peer is not None and work.value is None:
+            work.value = peer  # what source_rank() reports
         pending = PendingWork(work, tensors)
         if not pending._advance():
             pending._share()

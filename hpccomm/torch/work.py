@@ -144,7 +144,7 @@ class PendingWork(dist.Work):
             if self._done or self._polled:  # a waiter enforces its own limit
                 return
             try:
-                self._work._timed_out(waited, limit)  # always raises, after the hooks
+                self._work.timed_out(waited, limit)  # always raises, after the hooks
             except Exception:
                 pass
             self._done = True
@@ -161,7 +161,7 @@ class PendingWork(dist.Work):
             if future is None or self._settled:
                 return
             self._settled = True
-        error = self._work._error
+        error = self._work.exception()
         if error is None:
             future.set_result(self._outputs)
         else:
@@ -208,7 +208,7 @@ class PendingWork(dist.Work):
                 finally:
                     runner.release()
                 self._settle()
-        error = self._work._error
+        error = self._work.exception()
         if error is not None:
             raise for_torch(error)
         return True
@@ -217,10 +217,10 @@ class PendingWork(dist.Work):
         return self._advance()
 
     def is_success(self) -> bool:
-        return self._advance() and self._work._error is None
+        return self._advance() and self._work.exception() is None
 
     def exception(self) -> Optional[BaseException]:
-        error = self._work._error
+        error = self._work.exception()
         return None if error is None else for_torch(error)
 
     def result(self) -> List[Any]:
