@@ -389,3 +389,99 @@ def test_the_settings_check_sees_every_form_of_read(tmp_path):
         ["a", "(line", "9)"]], found
     assert not any("settings (line" in p for p in found)
     assert "does not declare" in found[0] and "spells 'HPCCOMM_SHM'" in found[1]
+
+
+# -- private names stay in their module ------------------------------------------------------
+#: Private names a module may take from another, and why (keep this short).
+PRIVATE_ALLOWED = {
+    "__init__": {"_get_default_store", "_make_nccl_premul_sum"},  # torch.distributed's
+    # own names, underscore included: code written for torch calls them as hpccomm.<name>
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _modules_of(package: Path) -> Dict[str, Path]:
+    """Every module of the package by dotted name, compiled helpers (``.so``) included."""
+    found = {_name(path, package): path for path in package.rglob("*.py")}
+    for path in package.rglob("*.so"):
+        found[_name(path.with_name(path.name.split(".")[0] + ".py"), package)] = path
+    return found
+
+
+def private_name_problems(package: Path = PACKAGE) -> List[str]:
+    """Every ``from x import _y`` and ``x._y`` in which ``x`` is another hpccomm module and
+    ``_y`` one of its private names (not a module of its own, not a dunder), in words."""
+    modules = _modules_of(package)
+    found = []
+    for module, path in sorted(modules.items()):
+        if path.suffix != ".py":
+            continue
+        here = [] if module == TOP else module.split(".")
+        if path.name != "__init__.py":
+            here = here[:-1]
+        tree = ast.parse(path.read_text(), str(path))
+        bound: Dict[str, str] = {}  # local name -> hpccomm module it names
+        lines = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("hpccomm.") and alias.asname:
+                        bound[alias.asname] = alias.name[len("hpccomm."):]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    if node.level - 1 > len(here):
+                        continue
+                    base = here[:len(here) - (node.level - 1)]
+                    where = ".".join(base + (node.module.split(".") if node.module else []))
+                elif node.module == "hpccomm" or (node.module or "").startswith("hpccomm."):
+                    where = node.module[len("hpccomm."):] if "." in node.module else ""
+                else:
+                    continue
+                for alias in node.names:
+                    full = f"{where}.{alias.name}" if where else alias.name
+                    if full in modules:
+                        bound[alias.asname or alias.name] = full
+                    elif _private(alias.name) and (where or TOP) != module and \
+                            alias.name not in PRIVATE_ALLOWED.get(module, ()):
+                        lines.append((node.lineno, f"{module} (line {node.lineno}) imports "
+                                      f"{alias.name} from {where or TOP}, a private name of "
+                                      f"that module: give it a public name there"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr) and \
+                    isinstance(node.value, ast.Name) and node.value.id in bound:
+                target = bound[node.value.id]
+                if f"{target}.{node.attr}" not in modules and target != module:
+                    lines.append((node.lineno, f"{module} (line {node.lineno}) uses "
+                                  f"{node.value.id}.{node.attr}, a private name of {target}: "
+                                  f"give it a public name there"))
+        found.extend(text for _, text in sorted(lines))
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    assert private_name_problems() == []
+
+
+def test_the_private_name_check_sees_imports_and_attributes(tmp_path):
+    package = tmp_path / "hpccomm"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "_helper.py").write_text("_x = 1\n")         # a private module: importable
+    (package / "a.py").write_text("_y = 2\ndef f(self):\n    return self._z\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "b.py").write_text(
+        "from .. import _helper, a\n"                       # fine: modules
+        "from ..a import _y\n"                               # line 2: a private name
+        "import hpccomm.a as alias\n"
+        "v = a._y + alias._y + _helper._x\n"                 # line 4: three uses
+        "w = a.__name__ + a.f.__doc__\n"                     # fine: dunders
+        "import numpy\nu = numpy._core\n")                   # fine: not hpccomm's
+    found = private_name_problems(package)
+    assert [p.split(" (line ")[1].split(")")[0] for p in found] == ["2", "4", "4", "4"], found
+    assert found[0] == ("sub.b (line 2) imports _y from a, a private name of that module: "
+                        "give it a public name there")
+    assert any("uses _helper._x, a private name of _helper:" in p for p in found), found
+    assert any("uses alias._y, a private name of a:" in p for p in found), found
