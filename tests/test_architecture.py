@@ -461,8 +461,71 @@ def private_name_problems(package: Path = PACKAGE) -> List[str]:
     return found
 
 
+def _root(expr: ast.AST) -> "ast.AST":
+    """The leftmost part of an expression like ``a.b(c)[d].e``."""
+    while isinstance(expr, (ast.Attribute, ast.Call, ast.Subscript)):
+        expr = expr.func if isinstance(expr, ast.Call) else expr.value
+    return expr
+
+
+def _own_private_names(tree: ast.AST) -> Set[str]:
+    """Private names a module defines: functions, classes, variables, arguments,
+    attributes it assigns, and strings that name one (``__slots__``, ``getattr``)."""
+    found: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            found.add(node.attr)
+        elif isinstance(node, ast.arg):
+            found.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    return {name for name in found if _private(name)}
+
+
+def foreign_attribute_problems(package: Path = PACKAGE) -> List[str]:
+    """Every ``obj._y`` where ``_y`` is a private attribute that only other hpccomm
+    modules define (``work._state`` outside work.py), in words. ``self``/``cls``/
+    ``super()`` and objects of other libraries (the root of the expression imported from
+    outside hpccomm: torch's ``dist.distributed_c10d._world``) are not checked. A module
+    that defines a private name of the same spelling itself is not checked for it: the
+    check finds reaching into another module's objects, not every case of it."""
+    trees = {_name(path, package): ast.parse(path.read_text(), str(path))
+             for path in package.rglob("*.py")}
+    own = {module: _own_private_names(tree) for module, tree in trees.items()}
+    found = []
+    for module, tree in sorted(trees.items()):
+        foreign: Set[str] = set()  # names bound to other libraries' modules and objects
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                foreign.update((alias.asname or alias.name).split(".")[0]
+                               for alias in node.names if not alias.name.startswith("hpccomm"))
+            elif isinstance(node, ast.ImportFrom) and not node.level and \
+                    not (node.module or "").startswith("hpccomm"):
+                foreign.update(alias.asname or alias.name for alias in node.names)
+        lines = []
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)) or \
+                    node.attr in own[module]:
+                continue
+            root = _root(node.value)
+            if isinstance(root, ast.Name) and root.id in foreign | {"self", "cls", "super"}:
+                continue
+            owners = sorted(m for m, names in own.items() if node.attr in names)
+            if owners:
+                lines.append((node.lineno, f"{module} (line {node.lineno}) uses "
+                              f"{ast.unparse(node)}, a private attribute that only "
+                              f"{', '.join(owners)} define: give it a public name there"))
+        found.extend(text for _, text in sorted(lines))
+    return found
+
+
 def test_no_module_uses_another_modules_private_names():
     assert private_name_problems() == []
+    assert foreign_attribute_problems() == []
 
 
 def test_the_private_name_check_sees_imports_and_attributes(tmp_path):
@@ -485,3 +548,27 @@ def test_the_private_name_check_sees_imports_and_attributes(tmp_path):
                         "give it a public name there")
     assert any("uses _helper._x, a private name of _helper:" in p for p in found), found
     assert any("uses alias._y, a private name of a:" in p for p in found), found
+
+
+def test_the_attribute_check_sees_other_modules_private_attributes(tmp_path):
+    package = tmp_path / "hpccomm"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "work.py").write_text(
+        "class Work:\n    __slots__ = ('_state',)\n    def __init__(self):\n"
+        "        self._state = 0\n        self._error = None\n")
+    (package / "recorder.py").write_text(
+        "import torch.distributed as dist\n"
+        "from .work import Work\n"
+        "class Ring:\n    def __init__(self):\n        self._size = 1\n"
+        "def entry(work, ring, other):\n"
+        "    return (work._state,\n"                      # line 7: work.py's
+        "            ring._size, other._size,\n"            # fine: this module's own name
+        "            dist.distributed_c10d._world,\n"       # fine: torch's
+        "            Work()._error)\n")                     # line 10: work.py's
+    found = foreign_attribute_problems(package)
+    assert found == [
+        "recorder (line 7) uses work._state, a private attribute that only work define: "
+        "give it a public name there",
+        "recorder (line 10) uses Work()._error, a private attribute that only work define: "
+        "give it a public name there"], found

@@ -595,9 +595,9 @@ def test_async_work_progresses_without_wait(torch_world, rank, size):
     a = torch.randn(512, 512)
     work = dist.all_reduce(x, async_op=True)
     deadline = time.monotonic() + 20
-    while not work._done and time.monotonic() < deadline:
+    while not work.done and time.monotonic() < deadline:
         a = torch.tanh(a @ a)  # releases the GIL
-    assert work._done, "the async all_reduce made no progress while the caller computed"
+    assert work.done, "the async all_reduce made no progress while the caller computed"
     assert float(x[0]) == size and float(x[-1]) == size
     work.wait()
 

@@ -177,7 +177,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
         except DistBackendError as exc:
             raise for_torch(exc) from None
         if async_op:
-            return PendingWork(outcome, outputs)._share()
+            return PendingWork(outcome, outputs).share()
         return DONE
 
     def _run_all(self, op: str, starts: List[Tuple[Callable[..., Any], tuple]], arr: Any,
@@ -564,8 +564,8 @@ class ProcessGroupHPC(dist.ProcessGroup):
         if peer is not None and work.value is None:
             work.value = peer  # what source_rank() reports
         pending = PendingWork(work, tensors)
-        if not pending._advance():
-            pending._share()
+        if not pending.advance():
+            pending.share()
         return pending
 
     # -- helpers ---------------------------------------------------------------------------

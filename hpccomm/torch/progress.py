@@ -69,8 +69,8 @@ def available() -> bool:
 
 
 class Progress:
-    """The thread and its queue of works (objects with ``_advance()`` and
-    ``_expire(now)``, both true once the work has finished, and ``_done``, true once
+    """The thread and its queue of works (objects with ``advance()`` and
+    ``expire(now)``, both true once the work has finished, and ``done``, true once
     it is known to have finished)."""
 
     def __init__(self) -> None:
@@ -114,7 +114,7 @@ class Progress:
         with self._cond:
             for _ in range(len(incoming)):
                 work = incoming.popleft()
-                if not work._done:
+                if not work.done:
                     incoming.append(work)
             # many works still running: prune again only once the queue has doubled
             self._prune_at = max(PRUNE_AT, 2 * len(incoming))
@@ -154,7 +154,7 @@ class Progress:
                     idle_since = _monotonic()
                     while incoming:
                         work = incoming.popleft()
-                        if not work._done:
+                        if not work.done:
                             active.append(work)
                     self._prune_at = PRUNE_AT
                 if self._stopping:
@@ -172,14 +172,14 @@ class Progress:
             if active and not self._held:
                 active = [work for work in active if not _advance(work)]
                 now = _monotonic()
-                active = [work for work in active if not work._expire(now)]
+                active = [work for work in active if not work.expire(now)]
                 idle_since = now
                 # close polling only for operations still running with nobody waiting;
                 # works their callers already completed (async ops waited at once) are
                 # no reason to wake again soon: each wake-up takes the GIL from them
                 delay = POLL_S if active else min(delay * 2, MAX_SLEEP_S)
             else:  # a waiter polls MPI: only forget the works finished meanwhile
-                active = [work for work in active if not work._done]
+                active = [work for work in active if not work.done]
                 delay = min(delay * 2, MAX_SLEEP_S)
             with cond:
                 # a work added since is picked up after the pause, like any other: only
@@ -193,7 +193,7 @@ class Progress:
 def _advance(work: Any) -> bool:
     """One test of ``work``; a failure inside it finishes the work, never the thread."""
     try:
-        return work._advance()
+        return work.advance()
     except BaseException:  # the work recorded its error; its waiter will raise it
         return True
 

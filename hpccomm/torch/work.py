@@ -97,7 +97,7 @@ class PendingWork(dist.Work):
         self._work = work
         self._outputs = outputs
         self._lock = threading.Lock()  # held by the thread testing the MPI request
-        self._done = False             # finished (completed or failed)
+        self.done = False              # finished (completed or failed)
         self._shared = False           # the progress thread drives it too
         self._polled = False           # a waiter polls it: the thread leaves it alone
         self._future: Optional[Future] = None
@@ -107,14 +107,14 @@ class PendingWork(dist.Work):
         self._deadline = _INF if limit is None else self._start + limit
 
     # -- driving ------------------------------------------------------------------------
-    def _advance(self) -> bool:
+    def advance(self) -> bool:
         """Test once without blocking; true once the operation has finished."""
-        if self._done:
+        if self.done:
             return True
         if not self._lock.acquire(False):  # the other thread is testing it right now
             return False
         try:
-            if self._done:
+            if self.done:
                 return True
             if self._polled:  # a waiter tests it and settles it
                 return False
@@ -122,7 +122,7 @@ class PendingWork(dist.Work):
                 finished = self._work.is_completed()  # runs the finishing step
             except BaseException:  # failed: hpccomm's Work holds the error
                 finished = True
-            self._done = finished
+            self.done = finished
         finally:
             self._lock.release()
         if finished:
@@ -130,29 +130,29 @@ class PendingWork(dist.Work):
         return finished
 
     def _finished(self) -> bool:
-        return self._done
+        return self.done
 
-    def _expire(self, now: float) -> bool:
+    def expire(self, now: float) -> bool:
         """Fail with a timeout if the deadline has passed (progress thread); true if so."""
-        if self._done or now <= self._deadline:
-            return self._done
+        if self.done or now <= self._deadline:
+            return self.done
         self._time_out(now - self._start, self._work.timeout)
         return True
 
     def _time_out(self, waited: float, limit: Optional[float]) -> None:
         with self._lock:
-            if self._done or self._polled:  # a waiter enforces its own limit
+            if self.done or self._polled:  # a waiter enforces its own limit
                 return
             try:
                 self._work.timed_out(waited, limit)  # always raises, after the hooks
             except Exception:
                 pass
-            self._done = True
+            self.done = True
         self._settle()
 
     def _settle(self) -> None:
         """Complete the future, if one was handed out, exactly once. (get_future() makes
-        the future before it checks ``_done``, and the completing thread sets ``_done``
+        the future before it checks ``done``, and the completing thread sets ``done``
         before it calls this, so one of the two always sees both.)"""
         if self._future is None:
             return
@@ -167,10 +167,10 @@ class PendingWork(dist.Work):
         else:
             future.set_exception(for_torch(error))
 
-    def _share(self, urgent: bool = False) -> "PendingWork":
+    def share(self, urgent: bool = False) -> "PendingWork":
         """Have the progress thread drive the work too (if MPI allows a second thread);
         ``urgent``: from now on, not from its next round."""
-        if not self._done and _progress.available() and (urgent or not self._shared):
+        if not self.done and _progress.available() and (urgent or not self._shared):
             self._shared = True
             _progress.progress.add(self, urgent)
         return self
@@ -178,21 +178,21 @@ class PendingWork(dist.Work):
     # -- torch's Work interface ------------------------------------------------------------
     def wait(self, timeout: Any = None) -> bool:
         """Block until complete; raise its error, or a timeout error naming the operation."""
-        if not self._done:
+        if not self.done:
             limit = _limit(timeout)
             if not self._shared:
                 try:
                     self._work.wait(limit)
                 except Exception:  # recorded as the work's error, raised below
                     pass
-                self._done = True
+                self.done = True
                 self._settle()
             else:
                 runner = _progress.progress
                 runner.hold()  # this thread polls; the progress thread steps aside
                 try:
                     with self._lock:  # the thread may be testing it: let that test end
-                        mine = not (self._done or self._polled)
+                        mine = not (self.done or self._polled)
                         self._polled = True
                     if mine:  # from here on only this thread tests the request
                         try:
@@ -202,7 +202,7 @@ class PendingWork(dist.Work):
                         except BaseException:  # interrupted: the thread takes it back
                             self._polled = False
                             raise
-                        self._done = True
+                        self.done = True
                     else:  # another thread waits on it already: wait for that one
                         poll(self._finished, None)
                 finally:
@@ -214,10 +214,10 @@ class PendingWork(dist.Work):
         return True
 
     def is_completed(self) -> bool:
-        return self._advance()
+        return self.advance()
 
     def is_success(self) -> bool:
-        return self._advance() and self._work.exception() is None
+        return self.advance() and self._work.exception() is None
 
     def exception(self) -> Optional[BaseException]:
         error = self._work.exception()
@@ -242,10 +242,10 @@ class PendingWork(dist.Work):
             future = self._future
             if future is None:
                 future = self._future = Future()
-        if self._done:
+        if self.done:
             self._settle()
         elif _progress.available():
-            self._share(urgent=True)  # C++ may block on it: no one else would poll
+            self.share(urgent=True)  # C++ may block on it: no one else would poll
         else:
             try:
                 self.wait()
