@@ -7,6 +7,7 @@ whichever MPI the suite runs on (``tests/run.sh`` runs it on MPICH, then Open MP
 Intel MPI) and force gating on with ``HPCCOMM_MPI_GATED`` so both patterns are checked
 on every library.
 """
+import functools
 import os
 import re
 import subprocess
@@ -17,31 +18,16 @@ import time
 import numpy as np
 import pytest
 
+from helpers import ROOT
+from helpers import result_lines as results
+from helpers import run_case as run_job
 from launcher_env import mpiexec
 
 from hpccomm.backends import mpi_gate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASE = os.path.join(ROOT, "tests", "scripts", "call_pattern_case.py")
+#: A case of tests/scripts/call_pattern_case.py as its own job.
+run_case = functools.partial(run_job, "call_pattern_case.py")
 KiB = 1024
-
-
-def run_case(case, n, limit=90, **env):
-    full = dict(os.environ, **{k: str(v) for k, v in env.items()})
-    done = subprocess.run([mpiexec(), "-n", str(n), sys.executable, CASE, case], cwd=ROOT,
-                          env=full, capture_output=True, text=True, timeout=limit)
-    return done.returncode, done.stdout + done.stderr
-
-
-def results(output):
-    """``[(rank, {field: value})]`` from ``RESULT rank=R key=value ...`` lines."""
-    found = []
-    for line in output.splitlines():
-        line = line[line.find("RESULT "):]
-        if line.startswith("RESULT "):
-            fields = dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", line[7:]))
-            found.append((int(fields.pop("rank")), fields))
-    return found
 
 
 # -- the table ------------------------------------------------------------------------------
@@ -150,7 +136,7 @@ def test_an_absent_rank_gives_every_other_rank_a_timeout():
     synchronous and async, raises DistTimeoutError on the others within the timeout plus
     the roll call."""
     timeout, grace = 0.5, 0.1
-    code, output = run_case("absent_rank", 4, CASE_TIMEOUT=timeout,
+    code, output, _ = run_case("absent_rank", 4, CASE_TIMEOUT=timeout,
                             CASE_SLEEP=2 * 9 * (timeout + grace) + 3,
                             HPCCOMM_ROLLCALL_GRACE=grace, HPCCOMM_MPI_GATED="all=1K")
     assert code == 0, output
@@ -166,7 +152,7 @@ def test_an_absent_rank_gives_every_other_rank_a_timeout():
 
 
 def test_ranks_in_different_gated_collectives_fail_at_once():
-    code, output = run_case("different_collectives", 3, CASE_TIMEOUT=30,
+    code, output, _ = run_case("different_collectives", 3, CASE_TIMEOUT=30,
                             HPCCOMM_MPI_GATED="all=1K")
     assert code == 0, output
     found = dict(results(output))

@@ -4,44 +4,33 @@ Scenarios that break a group (a skipped collective, absent ranks, an uncaught ex
 run as their own ``mpiexec`` jobs from serial tests (tests/scripts/never_hang_case.py);
 desync checks leave the group usable, so they run as ordinary MPI tests.
 """
+import functools
 import json
 import logging
 import os
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
+from helpers import ROOT, result_lines
+from helpers import run_case as run_job
 from launcher_env import mpiexec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASE = os.path.join(ROOT, "tests", "scripts", "never_hang_case.py")
-
-
-def run_case(case, n, limit=60, stdin=None, **env):
-    full = dict(os.environ, **{k: str(v) for k, v in env.items()})
-    for name in ("HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR",
-                 "HPCCOMM_TRACE_BUFFER", "HPCCOMM_NO_ABORT_ON_EXCEPTION"):
-        if name not in env:
-            full.pop(name, None)
-    start = time.monotonic()
-    done = subprocess.run([mpiexec(), "-n", str(n), sys.executable, CASE, case], cwd=ROOT,
-                          env=full, input=stdin, capture_output=True, text=True, timeout=limit)
-    return done.returncode, done.stdout + done.stderr, time.monotonic() - start
+#: A case of tests/scripts/never_hang_case.py as its own job; the diagnostics' settings
+#: of this process (a suite run at a debug level) reach it only where a test sets them.
+run_case = functools.partial(run_job, "never_hang_case.py", limit=60, clean=(
+    "HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR",
+    "HPCCOMM_TRACE_BUFFER", "HPCCOMM_NO_ABORT_ON_EXCEPTION"))
 
 
 def results(output):
-    """``{rank: fields}`` from the ``RESULT rank=R key=value...`` lines (error= is last)."""
+    """``{rank: [fields of each of its RESULT lines]}`` (``error=`` is written last)."""
     found = {}
-    for line in output.splitlines():
-        line = line[line.find("RESULT "):]  # pdb's prompt may precede it
-        if line.startswith("RESULT "):
-            rank = int(re.search(r"rank=(\d+)", line).group(1))
-            fields = dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", line[7:]))
-            found.setdefault(rank, []).append(fields)
+    for rank, fields in result_lines(output):
+        found.setdefault(rank, []).append(fields)
     return found
 
 

@@ -14,33 +14,25 @@ Failure scenarios (a rank that dies mid-collective, one that never comes) run as
 own jobs from tests/scripts/shm_case.py.
 """
 import contextlib
+import functools
 import os
-import re
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from launcher_env import mpiexec
+from helpers import COMPLEX, INTS, NUMPY_DTYPES, RTOL, result_lines
+from helpers import numpy_dtype as dtype_of
+from helpers import run_case as run_job
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASE = os.path.join(ROOT, "tests", "scripts", "shm_case.py")
+#: A case of tests/scripts/shm_case.py as its own job, outside any debug level or
+#: shared-memory setting of this process.
+run_case = functools.partial(run_job, "shm_case.py", clean=(
+    "HPCCOMM_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR", "HPCCOMM_SHM"))
 
-INTS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
-FLOATS = ["float16", "float32", "float64", "bfloat16"]
-COMPLEX = ["complex64", "complex128"]
-ALL_DTYPES = ["bool"] + INTS + FLOATS + COMPLEX
 SIZES = [1, 7, 1001, 4099]  # one element, odd, and several ring slots at tiny chunks
-RTOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-5, "float64": 1e-12,
-        "complex64": 1e-5, "complex128": 1e-12}
-
-
-def dtype_of(name):
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
 def ops_for(name):
@@ -209,7 +201,7 @@ def test_default_thresholds_keep_small_messages_and_broadcast_on_mpi(dist, size)
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("name", ALL_DTYPES)
+@pytest.mark.parametrize("name", NUMPY_DTYPES)
 def test_all_reduce_matches_mpi(groups, dist, rank, name):
     shm, plain = groups
     for op in ops_for(name):
@@ -227,7 +219,7 @@ def test_all_reduce_matches_mpi(groups, dist, rank, name):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("name", ALL_DTYPES)
+@pytest.mark.parametrize("name", NUMPY_DTYPES)
 def test_reduce_scatter_tensor_matches_mpi(groups, dist, rank, size, name):
     shm, plain = groups
     for op in ops_for(name):
@@ -256,7 +248,7 @@ def test_reduce_scatter_list_with_uneven_blocks(groups, dist, rank, size, name):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("name", ALL_DTYPES)
+@pytest.mark.parametrize("name", NUMPY_DTYPES)
 def test_all_gather_into_tensor_matches_mpi(groups, dist, rank, size, name):
     shm, plain = groups
     for block in (1, 9, 2053):
@@ -469,27 +461,14 @@ def test_switched_off_and_empty_fall_back(dist, members, size):
 # -- failures, each in its own job -------------------------------------------------------------
 
 
-def run_case(case, n, limit=90, extra=(), **env):
-    full = dict(os.environ, **{k: str(v) for k, v in env.items()})
-    for name in ("HPCCOMM_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR", "HPCCOMM_SHM"):
-        full.pop(name, None)
-    done = subprocess.run([mpiexec(), *extra, "-n", str(n), sys.executable, CASE, case],
-                          cwd=ROOT, env=full, capture_output=True, text=True, timeout=limit)
-    return done.returncode, done.stdout + done.stderr
-
-
 def results(output):
-    found = {}
-    for line in output.splitlines():
-        if line.startswith("RESULT "):
-            fields = dict(re.findall(r"(\w+)=(\S*)", line[7:]))
-            found[int(fields["rank"])] = fields
-    return found
+    """``{rank: fields}`` of the RESULT lines (one per rank)."""
+    return dict(result_lines(output))
 
 
 def test_a_rank_lost_mid_collective_makes_the_others_raise_and_its_kill_leaves_no_segment():
     timeout = 3.0
-    code, output = run_case("killed", 3, CASE_TIMEOUT=timeout, HPCCOMM_ROLLCALL_GRACE=0.3)
+    code, output, _ = run_case("killed", 3, CASE_TIMEOUT=timeout, HPCCOMM_ROLLCALL_GRACE=0.3)
     found = results(output)
     assert sorted(found) == [0, 2], output
     backing = set()
@@ -506,7 +485,7 @@ def test_a_rank_lost_mid_collective_makes_the_others_raise_and_its_kill_leaves_n
 
 def test_a_rank_that_never_comes_makes_every_shared_op_raise():
     timeout = 1.0
-    code, output = run_case("absent", 2, CASE_TIMEOUT=timeout, HPCCOMM_ROLLCALL_GRACE=0.3)
+    code, output, _ = run_case("absent", 2, CASE_TIMEOUT=timeout, HPCCOMM_ROLLCALL_GRACE=0.3)
     assert code == 0, output
     fields = results(output)[0]
     assert fields["raised"] == "all_reduce,reduce_scatter_tensor,all_gather_into_tensor,broadcast"

@@ -9,17 +9,17 @@ import os
 import numpy as np
 import pytest
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
+from helpers import numpy_dtype as dtype_of
+
+pytest.importorskip("ml_dtypes")
 
 COUNTS = [1, 3, 1001, 4099, 1 << 16]  # fewer elements than ranks, odd, many ring slots
+#: A dtype of each size and kind (the whole table, helpers.NUMPY_DTYPES, in test_shm.py).
 DTYPES = ["int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
           "complex128"]
+#: Looser than helpers.RTOL for the half types: the hierarchical sum adds in another order.
 RTOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 1e-5, "float64": 1e-12,
         "complex128": 1e-12}
-
-
-def dtype_of(name):
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,77 @@
+"""What several test files share: running a case script as its own MPI job, reading its
+``RESULT`` lines, and the dtypes NumPy arrays are tested with.
+
+A *case script* (``tests/scripts/*_case.py``) runs one named scenario per job, often one
+that ends a rank (a kill, a timeout, an abort), which the test process itself must
+survive; each rank reports what it saw as ``RESULT rank=R key=value ...`` lines.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Dict, List, NamedTuple, Sequence, Tuple
+
+import numpy as np
+
+from launcher_env import mpiexec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+
+
+class Job(NamedTuple):
+    code: int       # mpiexec's exit status
+    output: str     # stdout and stderr of every rank, together
+    seconds: float  # wall time of the whole job
+
+
+def run_case(script: str, case: str, n: int, limit: float = 90, clean: Sequence[str] = (),
+             mpiexec_args: Sequence[str] = (), stdin: "str | None" = None, **env) -> Job:
+    """``tests/scripts/<script> <case>`` as its own job of ``n`` ranks, killed after
+    ``limit`` seconds. ``env``: variables for the job (values made strings); ``clean``:
+    variables of this process's environment the job must not inherit unless ``env``
+    sets them (a suite run at a debug level must not change what a case sees)."""
+    full = dict(os.environ, **{name: str(value) for name, value in env.items()})
+    for name in clean:
+        if name not in env:
+            full.pop(name, None)
+    start = time.monotonic()
+    done = subprocess.run([mpiexec(), *mpiexec_args, "-n", str(n), sys.executable,
+                           os.path.join(SCRIPTS, script), case], cwd=ROOT, env=full,
+                          input=stdin, capture_output=True, text=True, timeout=limit)
+    return Job(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+
+
+def result_lines(output: str) -> List[Tuple[int, Dict[str, str]]]:
+    """``(rank, fields)`` of every ``RESULT rank=R key=value ...`` line, in order. A value
+    runs to the next `` key=``, so the last one may hold spaces (an error message); text
+    before ``RESULT`` on its line (a debugger's prompt) is skipped."""
+    found = []
+    for line in output.splitlines():
+        line = line[line.find("RESULT "):]
+        if line.startswith("RESULT "):
+            fields = dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", line[len("RESULT "):]))
+            del fields["rank"]  # its value may run on: "rank=0 after breakpoint"
+            found.append((int(re.search(r"rank=(\d+)", line).group(1)), fields))
+    return found
+
+
+# -- dtypes of NumPy arrays --------------------------------------------------------------------
+INTS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+FLOATS = ["float16", "float32", "float64", "bfloat16"]
+COMPLEX = ["complex64", "complex128"]
+#: Every dtype hpccomm communicates, by name (bfloat16 needs ml_dtypes).
+NUMPY_DTYPES = ["bool"] + INTS + FLOATS + COMPLEX
+#: Relative tolerance of a sum computed in another order than NumPy's, per float dtype.
+RTOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-5, "float64": 1e-12,
+        "complex64": 1e-5, "complex128": 1e-12}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a name of :data:`NUMPY_DTYPES` (bfloat16 from ml_dtypes)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
