@@ -26,8 +26,9 @@ one exception is a setting declared ``strict``: the debug level, whose reader
 (``set_debug_level_from_env``) raises ``ValueError`` as torch's does.
 
 A setting is read when its :attr:`Setting.read` says: most at each use (a program may set
-them after ``import hpccomm``), a few once at import, where the value sits on a hot
-path. This module imports only the standard library, so the launcher may use it.
+them after ``import hpccomm``), a few once, at import, into a module constant that
+paths taken often read (the store's spin windows, the gating table, the roll call's
+limits). This module imports only the standard library, so the launcher may use it.
 """
 from __future__ import annotations
 
