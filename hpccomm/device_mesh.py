@@ -385,8 +385,9 @@ class DeviceMesh:
         """The groups of all dimensions, in order (makes those not made yet)."""
         return [self.get_group(i) for i in range(self.ndim)]
 
-    def _as_process_group(self) -> Any:
-        """A 1-D mesh passed as ``group=`` means its only group."""
+    def as_process_group(self) -> Any:
+        """The group a 1-D mesh stands for where it is passed as ``group=`` (its only
+        one); a mesh of more dimensions raises."""
         if self.ndim != 1:
             raise self._error("group", f"a {self.ndim}-D mesh is not one group; pass "
                                        f"mesh.get_group(dim) for the dimension meant")

@@ -276,7 +276,7 @@ def member_group(group: GroupLike, op: str) -> Optional[ProcessGroup]:
         if registry.world is None:
             raise not_initialized(op)
         return None
-    as_group = getattr(group, "_as_process_group", None)  # e.g. a 1-D DeviceMesh
+    as_group = getattr(group, "as_process_group", None)  # e.g. a 1-D DeviceMesh
     if as_group is not None:
         return member_group(as_group(), op)
     raise TypeError(f"hpccomm.{op}: group must be a ProcessGroup or None, got "

@@ -470,7 +470,7 @@ def _root(expr: ast.AST) -> "ast.AST":
 
 def _own_private_names(tree: ast.AST) -> Set[str]:
     """Private names a module defines: functions, classes, variables, arguments,
-    attributes it assigns, and strings that name one (``__slots__``, ``getattr``)."""
+    attributes it assigns or lists in ``__slots__``."""
     found: Set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -481,9 +481,20 @@ def _own_private_names(tree: ast.AST) -> Set[str]:
             found.add(node.attr)
         elif isinstance(node, ast.arg):
             found.add(node.arg)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            found.add(node.value)
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+            found.update(c.value for c in ast.walk(node.value)
+                         if isinstance(c, ast.Constant) and isinstance(c.value, str))
     return {name for name in found if _private(name)}
+
+
+def _attribute_uses(tree: ast.AST):
+    """``(node, object expression, attribute name)`` of every ``obj.name``. (A name
+    given to ``getattr`` as a string is not followed: objects handed in by the user,
+    such as torch's options, make that guess wrong too often.)"""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            yield node, node.value, node.attr
 
 
 def foreign_attribute_problems(package: Path = PACKAGE) -> List[str]:
@@ -507,14 +518,13 @@ def foreign_attribute_problems(package: Path = PACKAGE) -> List[str]:
                     not (node.module or "").startswith("hpccomm"):
                 foreign.update(alias.asname or alias.name for alias in node.names)
         lines = []
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Attribute) and _private(node.attr)) or \
-                    node.attr in own[module]:
+        for node, obj, attr in _attribute_uses(tree):
+            if not _private(attr) or attr in own[module]:
                 continue
-            root = _root(node.value)
+            root = _root(obj)
             if isinstance(root, ast.Name) and root.id in foreign | {"self", "cls", "super"}:
                 continue
-            owners = sorted(m for m, names in own.items() if node.attr in names)
+            owners = sorted(m for m, names in own.items() if attr in names)
             if owners:
                 lines.append((node.lineno, f"{module} (line {node.lineno}) uses "
                               f"{ast.unparse(node)}, a private attribute that only "

@@ -48,6 +48,8 @@ _LOGICAL = {RedOpType.SUM: MPI.LOR, RedOpType.MAX: MPI.LOR, RedOpType.BOR: MPI.L
 # NumPy type code -> MPI's predefined type (float16 only where MPI has one, e.g. MPICH).
 _PREDEFINED: Dict[Any, Any] = {np.dtype(char): MPI._typedict[char]
                                for char in "?bBhHiIlLqQefdFD" if char in MPI._typedict}
+#: Whether this MPI reduces float16 natively (else it is staged in float32).
+HALF_NATIVE = np.dtype("e") in _PREDEFINED
 _SUM, _AVG, _PREMUL_SUM = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM  # no enum
 # attribute loads on the hot path (each is a descriptor lookup on Python 3.11)
 _BYTES: Dict[int, Any] = {}  # itemsize -> committed contiguous byte type

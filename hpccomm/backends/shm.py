@@ -79,7 +79,7 @@ MIN_PIECE = 64 * 1024
 SLOTS = 4
 
 #: Whether the MPI path reduces float16 natively (else it stages it in float32, as here).
-_HALF_NATIVE = np.dtype("e") in getattr(_mpi_backend, "_PREDEFINED", {})
+_HALF_NATIVE = _mpi_backend.HALF_NATIVE
 #: A tag nothing is sent with: probing it only runs MPI's progress engine.
 _PROGRESS_TAG = int(Tag.SHM_PROGRESS)  # a plain int on the polling path
 #: Communicators with shared-memory operations under way (advanced by every wait).
