@@ -177,7 +177,7 @@ class ProcessGroup:
                 communicator.shutdown()
             except Exception:
                 pass
-        _mpi().free(old)
+        mpi_backend().free(old)
         self.comm, self.seq, self.live = comm, 0, True
         self.cpu = self.communicator("cpu")
 

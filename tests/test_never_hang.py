@@ -17,7 +17,6 @@ import pytest
 
 from helpers import ROOT, result_lines
 from helpers import run_case as run_job
-from launcher_env import mpiexec
 
 #: A case of tests/scripts/never_hang_case.py as its own job; the diagnostics' settings
 #: of this process (a suite run at a debug level) reach it only where a test sets them.
