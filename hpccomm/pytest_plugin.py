@@ -45,7 +45,7 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
-TMPDIR_ENV = "HPCCOMM_TEST_TMPDIR"
+from . import settings
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -152,7 +152,7 @@ def hpccomm_tmp_path(hpccomm_dist: Any, request: Any, tmp_path_factory: Any) -> 
     name = [None]
     base = re.sub(r"\W", "_", request.node.name)[:30]
     if hpccomm_dist.get_rank() == 0:
-        shared = os.environ.get(TMPDIR_ENV)
+        shared = settings.TEST_TMPDIR.get()
         if shared:
             os.makedirs(shared, exist_ok=True)
             name[0] = tempfile.mkdtemp(prefix=f"{base}-", dir=shared)

@@ -280,11 +280,6 @@ def test_the_graph_reader_sees_every_form_of_import(tmp_path):
 # -- settings: every HPCCOMM_* variable is declared in hpccomm/settings.py and read there ------
 SETTINGS_MODULE = "settings"
 VARIABLE = re.compile(r"HPCCOMM_[A-Z0-9_]*[A-Z0-9]")
-#: Modules that may still read an ``HPCCOMM_*`` variable themselves, and why.
-READS_ITS_OWN = {
-    "pytest_plugin": "reads the variable of settings.TEST_TMPDIR with os.environ itself; "
-                     "the check fails once it no longer does, so that this entry goes",
-}
 
 
 def _docstrings(tree: ast.AST) -> Set[int]:
@@ -361,12 +356,7 @@ def setting_problems(package: Path = PACKAGE) -> List[str]:
 
 
 def test_every_hpccomm_variable_is_declared_and_read_through_settings():
-    found = setting_problems()
-    for module, why in READS_ITS_OWN.items():
-        own = [p for p in found if p.startswith(module + " ")]
-        assert own, f"{module} no longer reads its own variables: drop it from READS_ITS_OWN"
-        found = [p for p in found if p not in own]
-    assert found == []
+    assert setting_problems() == []
 
 
 def test_the_settings_check_sees_every_form_of_read(tmp_path):

@@ -16,7 +16,7 @@ instead:
 
 Calls with ``async_op=True`` always use the nonblocking form (their order against
 other operations is the caller's). The thresholds below come from
-``benchmarks/mpi_patterns.py`` (docs/cluster.md lists the numbers); they are looked up
+``benchmarks/studies/mpi_patterns.py`` (docs/cluster.md lists the numbers); they are looked up
 once, from the library found by ``MPI.get_vendor()``.
 ``HPCCOMM_MPI_GATED`` overrides the table: ``off`` (never gate), ``all=256K`` (every
 gateable operation from 256 KiB), or ``all_reduce=64K,all_gather=1M``.
