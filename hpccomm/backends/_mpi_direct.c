@@ -21,10 +21,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <sched.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
+
+#include "_spin.h"
 
 typedef int (*iallreduce_fn)(const void *, void *, int, uintptr_t, uintptr_t, uintptr_t,
                              void *);
@@ -37,15 +37,6 @@ static int request_bytes; /* sizeof(MPI_Request) in the library loaded */
 
 /* A status is at most a few dozen bytes in every MPI library; this is ample. */
 #define STATUS_BYTES 256
-/* Clock reads are spaced out: one per this many tests. */
-#define POLLS_PER_CLOCK 64
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Test `request` until it completes or `slice` seconds pass, yielding the core every
  * `yield_every` tests (0: never); called with the GIL released. Returns MPI's error code
@@ -53,20 +44,11 @@ static double now(void)
 static int spin(void *request, double slice, long yield_every, int *done)
 {
     unsigned char status[STATUS_BYTES];
-    double end = now() + slice;
-    unsigned polls = 0;
-    long since_yield = 0;
+    spin_t turn = spin_start(slice, yield_every);
     int code;
     while ((code = mpi_test(request, done, status)) == 0 && !*done) {
-        if (yield_every > 0 && ++since_yield >= yield_every) {
-            since_yield = 0;
-            sched_yield();
-        }
-        if (++polls == POLLS_PER_CLOCK) {
-            polls = 0;
-            if (now() > end)
-                break;
-        }
+        if (spin_idle(&turn))
+            break;
     }
     return code;
 }

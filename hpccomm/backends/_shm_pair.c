@@ -23,10 +23,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <sched.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
+
+#include "_spin.h"
 
 /* Element kinds the kernel sums (the Python side maps dtypes to them). */
 enum { KIND_F32 = 1, KIND_F64 = 2, KIND_U8 = 3, KIND_U16 = 4, KIND_U32 = 5, KIND_U64 = 6 };
@@ -41,15 +41,6 @@ static int64_t tag_mask;
 #define PEER_MISMATCH -2  /* the peer entered it with another kind, dtype or size */
 /* Bits of each of r, s and g in run()'s result (chunks per operation stay below). */
 #define FIELD_BITS 21
-
-#define POLLS_PER_CLOCK 64
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 #define SUM_LOOP(T)                                                                    \
     do {                                                                               \
@@ -298,9 +289,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (entered > 0)
         advance(&p, &at);
     if (entered >= 0 && slice > 0 && !finished(&p, &at)) {
-        double end = now() + slice;
-        unsigned polls = 0;
-        long idle = 0;
+        spin_t turn = spin_start(slice, yield_every);
         while (!finished(&p, &at)) {
             if (entered == 0) {
                 entered = peer_entered(&p, seq, tag);
@@ -311,15 +300,8 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             } else if (advance(&p, &at)) {
                 continue;
             }
-            if (yield_every > 0 && ++idle >= yield_every) {
-                idle = 0;
-                sched_yield();
-            }
-            if (++polls == POLLS_PER_CLOCK) {
-                polls = 0;
-                if (now() > end)
-                    break;
-            }
+            if (spin_idle(&turn))
+                break;
         }
     }
     result = entered < 0 ? PEER_MISMATCH : entered == 0 ? PEER_ABSENT
@@ -344,4 +326,23 @@ static struct PyModuleDef module = {
     "The two-rank shared-memory all-reduce in C (see shm_pair.py).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__shm_pair(void) { return PyModule_Create(&module); }
+/* The module, with the constants the Python side reads rather than repeats. */
+PyMODINIT_FUNC PyInit__shm_pair(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "PEER_ABSENT", PEER_ABSENT) < 0 ||
+        PyModule_AddIntConstant(m, "PEER_MISMATCH", PEER_MISMATCH) < 0 ||
+        PyModule_AddIntConstant(m, "FIELD_BITS", FIELD_BITS) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_F32", KIND_F32) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_F64", KIND_F64) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_U8", KIND_U8) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_U16", KIND_U16) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_U32", KIND_U32) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_U64", KIND_U64) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -31,16 +31,23 @@ SLICE_S = 0.002
 #: 128 KiB measured 3-7% faster than 256 KiB at 4-8 MiB here, and alike below.
 PIECE_BYTES = 128 * 1024
 
-#: The kernel's element kinds, by (NumPy kind, item size).
-_KINDS = {("f", 4): 1, ("f", 8): 2, ("c", 8): 1, ("c", 16): 2,
-          ("i", 1): 3, ("u", 1): 3, ("i", 2): 4, ("u", 2): 4,
-          ("i", 4): 5, ("u", 4): 5, ("i", 8): 6, ("u", 8): 6}
+try:
+    from . import _shm_pair  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: NumPy steps only
+    _shm_pair = None
 
-#: What the kernel's ``run`` returns before the peer has resolved the operation.
-PEER_ABSENT, PEER_MISMATCH = -1, -2
+#: The kernel's element kind for each (NumPy kind, item size), by its name in the kernel
+#: (a complex number is summed as two reals).
+_KIND_NAMES = {("f", 4): "F32", ("f", 8): "F64", ("c", 8): "F32", ("c", 16): "F64",
+               ("i", 1): "U8", ("u", 1): "U8", ("i", 2): "U16", ("u", 2): "U16",
+               ("i", 4): "U32", ("u", 4): "U32", ("i", 8): "U64", ("u", 8): "U64"}
+#: The kernel's codes for those kinds, as the compiled kernel defines them.
+_KINDS = ({key: getattr(_shm_pair, f"KIND_{name}") for key, name in _KIND_NAMES.items()}
+          if _shm_pair is not None else {})
 #: ``run``'s result once resolved packs chunks reduced, staged and gathered in fields of
-#: this many bits; operations of more chunks keep the NumPy steps.
-FIELD_BITS = 21
+#: this many bits (the kernel's own constant); operations of more chunks keep the NumPy
+#: steps. Before the peer has resolved the operation ``run`` returns a negative status.
+FIELD_BITS = _shm_pair.FIELD_BITS if _shm_pair is not None else 0
 MAX_CHUNKS = 1 << FIELD_BITS
 _FIELD = MAX_CHUNKS - 1
 
@@ -55,11 +62,7 @@ def load(staged: int, reduced: int, consumed: int, enter: int, seq_shift: int,
     """The C kernel's ``run``, told the control block's layout (word positions, the
     descriptor's fields, the staging lookahead); ``None`` when it is not built or
     ``HPCCOMM_SHM_KERNEL=0``."""
-    if not settings.SHM_KERNEL.get():
-        return None
-    try:
-        from . import _shm_pair  # type: ignore[attr-defined]
-    except ImportError:  # built without a C compiler: NumPy steps only
+    if _shm_pair is None or not settings.SHM_KERNEL.get():
         return None
     _shm_pair.configure(staged, reduced, consumed, enter, seq_shift, tag_mask, lookahead)
     return _shm_pair.run
