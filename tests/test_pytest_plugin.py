@@ -44,6 +44,7 @@ def _pytest(tmp_path, tests, options, ranks=2, timeout=180):
     (tmp_path / "test_user.py").write_text(tests)
     env = without_launcher(("SLURM_", "PYTEST_"))
     env["PYTHONPATH"] = str(ROOT)
+    env["COLUMNS"] = "100"  # the same report whatever the caller's terminal width
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no",
            *_plugin_args(), *options, "test_user.py"]
     if ranks is not None:
@@ -170,7 +171,8 @@ def test_lockstep_reports_a_one_rank_failure_once_and_goes_on(lockstep_run):
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     assert out.count("FAILED test_user.py::test_fails_on_rank_1_only") == 1, out
-    assert out.count("failed on rank 1 of 4: AssertionError: rank 1 disagrees") == 1, out
+    failures = out.split("short test summary info")[0]
+    assert failures.count("failed on rank 1 of 4: AssertionError: rank 1 disagrees") == 1, out
     assert "ranks 0, 2 and 3 stopped when it failed there" in out
     assert "2 failed, 2 passed" in out and out.count(" passed") == 2, out  # rank 0 only
     assert "each (test, world size) once: 2 passed, 2 failed" in out
