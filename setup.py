@@ -2,6 +2,11 @@
 C compiler hpccomm installs and runs on its pure-Python paths."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(f"hpccomm.backends.{name}", [f"hpccomm/backends/{name}.c"],
-                             depends=["hpccomm/backends/_spin.h"], optional=True)
-                   for name in ("_mpi_direct", "_shm_pair")])
+#: module -> source: native waits and in-place sums (MPI family), two-rank shared-memory
+#: sums (shared-memory family); both include the clock and spin of backends/_spin.h.
+HELPERS = {"hpccomm.backends.mpi._direct": "hpccomm/backends/mpi/_direct.c",
+           "hpccomm.backends.shm._pair": "hpccomm/backends/shm/_pair.c"}
+
+setup(ext_modules=[Extension(name, [source], depends=["hpccomm/backends/_spin.h"],
+                             optional=True)
+                   for name, source in HELPERS.items()])

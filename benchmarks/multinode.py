@@ -7,7 +7,7 @@ Run it as a job of several nodes, or simulate two nodes on one machine with MPIC
         mpiexec -n 4 python benchmarks/multinode.py [--out docs/results/bench_multinode]
 
 Three variants per size: ``hpccomm`` (a group made with ``HPCCOMM_SHM_MIN_BYTES=1``:
-the three steps of hpccomm/backends/shm_hier.py at every size), ``hpccomm flat`` (a
+the three steps of hpccomm/backends/shm/hier.py at every size), ``hpccomm flat`` (a
 group made with ``HPCCOMM_SHM=0``: one nonblocking MPI all-reduce), and raw mpi4py
 ``Allreduce`` in place on a duplicate of ``COMM_WORLD`` at mpi4py's default thread
 level. Each round times every
@@ -42,7 +42,7 @@ def main():
     import hpccomm as dist
     from mpi4py import MPI
 
-    from hpccomm.backends import placement
+    from hpccomm.backends.mpi import placement
 
     dist.init_process_group(timeout=300)
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -55,7 +55,7 @@ def main():
         del os.environ[name]
     raw = MPI.COMM_WORLD.Dup()
     kind = type(hier.cpu).__name__
-    from hpccomm.backends.shm import NEVER
+    from hpccomm.backends.shm.communicator import NEVER
 
     threshold = getattr(dist.group.WORLD.cpu, "min_hier", NEVER)
     default = ("the flat MPI path" if threshold >= NEVER else

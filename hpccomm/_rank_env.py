@@ -57,9 +57,8 @@ def torch_master(env: Mapping[str, str]) -> Dict[str, str]:
         return given
     import numpy as np
 
-    from .backends import mpi
+    from .backends.mpi import plumbing as mpi
     from .types import default_pg_timeout
-    from .work import Work
 
     world = mpi.world()
     mine = np.zeros(_HOST_BYTES + 8, dtype=np.uint8)
@@ -67,11 +66,8 @@ def torch_master(env: Mapping[str, str]) -> Dict[str, str]:
     mine[:len(name)] = np.frombuffer(name, dtype=np.uint8)
     if world.Get_rank() == 0:
         mine[_HOST_BYTES:].view(np.int64)[0] = int(given.get("MASTER_PORT") or _free_port())
-    every = np.empty((world.Get_size(), mine.size), dtype=np.uint8)
-    seconds = default_pg_timeout.total_seconds()
-    work = Work(*mpi.MPICommunicator(world, seconds).all_gather(mine, every, None))
-    work.op, work.timeout = "hpccomm run --torch (agreeing on MASTER_ADDR/MASTER_PORT)", seconds
-    work.wait()
+    every = mpi.allgather(world, mine, "hpccomm run --torch (agreeing on MASTER_ADDR/"
+                          "MASTER_PORT)", default_pg_timeout.total_seconds())
     hosts = {bytes(row[:_HOST_BYTES]).rstrip(b"\0").decode() for row in every}
     first = bytes(every[0, :_HOST_BYTES]).rstrip(b"\0").decode()
     return {"MASTER_ADDR": given.get("MASTER_ADDR") or ("127.0.0.1" if len(hosts) == 1

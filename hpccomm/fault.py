@@ -30,7 +30,7 @@ SHRINK_DEFAULT, SHRINK_ABORT = 0, 1
 
 def ulfm(op: str, pg: ProcessGroup) -> Any:
     """The ULFM helpers, or a clear error naming ``op`` where the job has no ULFM."""
-    from .backends import mpi_ft
+    from .backends.mpi import ft as mpi_ft
 
     if not mpi_ft.enabled():
         raise mpi_ft.unavailable(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
@@ -42,7 +42,7 @@ def is_fault_tolerant() -> bool:
     """Whether this job's ranks survive the death of one of them: the MPI library
     reports process failures (ULFM turned on), so :func:`shrink_group` with ``None``,
     :func:`revoke` and :func:`agree` work. Initializes MPI if needed."""
-    from .backends import mpi_ft
+    from .backends.mpi import ft as mpi_ft
 
     return mpi_ft.enabled()
 

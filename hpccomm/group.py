@@ -17,10 +17,9 @@ from .types import NON_GROUP_MEMBER, Backend, timeout_seconds
 
 
 def mpi_backend() -> Any:
-    """The MPI backend module (:mod:`.backends.mpi`: communicators and MPI plumbing),
-    imported on first use: importing it initializes MPI, which ``import hpccomm`` must
-    not do."""
-    from .backends import mpi
+    """The MPI family's communicator plumbing (:mod:`.backends.mpi.plumbing`), imported
+    on first use: importing it initializes MPI, which ``import hpccomm`` must not do."""
+    from .backends.mpi import plumbing as mpi
 
     return mpi
 
@@ -148,7 +147,7 @@ class ProcessGroup:
         have failed are returned."""
         if self.comm is None:
             return None
-        from .backends import mpi_ft
+        from .backends.mpi import ft as mpi_ft
 
         found = mpi_ft.failed_peers(self.comm, exc)
         return None if found is None else [self.ranks[r] for r in found]

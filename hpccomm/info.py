@@ -98,7 +98,8 @@ def placement_section() -> Section:
     world: under a launcher every rank must run ``hpccomm info``)."""
     from mpi4py import MPI
 
-    from .backends import mpi_ft, placement, shm
+    from .backends.mpi import ft as mpi_ft, placement
+    from .backends.shm import communicator as shm
 
     where = placement.placement(MPI.COMM_WORLD)
     world = MPI.COMM_WORLD.Get_size()
@@ -123,7 +124,7 @@ def placement_section() -> Section:
 
 def _gated(vendor: str) -> str:
     """Which synchronous collectives use gated blocking calls, from which size."""
-    from .backends import mpi_gate
+    from .backends.mpi import gate as mpi_gate
 
     table = mpi_gate.gated_from(vendor)
     limits = {op: table[call] for op, call in mpi_gate.CALLS.items()

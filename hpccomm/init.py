@@ -45,7 +45,7 @@ def is_mpi_available() -> bool:
 def is_nccl_available() -> bool:
     """Whether the NCCL backend is usable: CuPy imports, a GPU is visible, NCCL loads."""
     try:
-        from .backends import nccl
+        from .backends.cuda import nccl
     except ImportError:
         return False
     return nccl.available()
@@ -196,7 +196,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         pg.bound_device_id = getattr(device_id, "index", device_id)
     try:
         if "cuda" in backends:  # fix this rank's GPU now (no-op without CuPy or device_id)
-            from .backends import _cuda
+            from .backends.cuda import device as _cuda
             _cuda.bind_at_init(world_comm, device_id)
         registry.store = _make_store(init_method, store, mpi_rank, mpi_size, seconds, comm)
     except BaseException:
@@ -224,10 +224,10 @@ _THREAD_LEVELS = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
 
 def poll_policy(world_comm: Any) -> str:
     """Set how waits poll from where the world's ranks run: yield often when this node
-    runs more ranks than they have CPUs together (:mod:`.backends.placement`, which
+    runs more ranks than they have CPUs together (:mod:`.backends.mpi.placement`, which
     ``HPCCOMM_OVERSUBSCRIBED=1``/``0`` overrides). Collective over ``world_comm``;
     returns a phrase for the start-up facts."""
-    from .backends import placement
+    from .backends.mpi import placement
 
     where = placement.world = placement.placement(world_comm)
     crowded = where.crowded

@@ -291,7 +291,7 @@ SHM_CMA = _declare(
     "SHM_CMA", FLAG, True, "group creation",
     "Probe cross-memory attach, which reads a peer's private array in one copy; 0: "
     "always stage through shared memory.")
-# Placement (backends/placement.py)
+# Placement (backends/mpi/placement.py)
 NODES = _declare(
     "NODES", COUNT, 0, "each use",
     "Testing aid: treat the job's ranks as this many nodes of consecutive world ranks; "
@@ -311,7 +311,7 @@ MPI_GATED = _declare(
 MPI_CUDA_AWARE = _declare(
     "MPI_CUDA_AWARE", FLAG, None, "GPU backend creation",
     "1/0: the MPI library takes GPU pointers, or not; unset: ask the library.")
-# GPUs (backends/nccl.py, backends/_cuda.py)
+# GPUs (backends/cuda/nccl.py, backends/cuda/device.py)
 NCCL_BLOCKING_WAIT = _declare(
     "NCCL_BLOCKING_WAIT", FLAG, False, "GPU backend creation",
     "wait() on GPU work blocks the CPU, under the timeout, instead of ordering the stream.")

@@ -158,14 +158,14 @@ class Backend(str):
     #: name -> (creator, devices, extended_api). Built-ins point at their modules so
     #: nothing heavy is imported before a group of that backend is made.
     _plugins: Dict[str, "tuple[Union[str, Callable[..., Any]], List[str], bool]"] = {
-        "mpi": ("hpccomm.backends.shm:cpu_communicator", ["cpu", "cuda"], True),
-        "nccl": ("hpccomm.backends.nccl:NCCLCommunicator", ["cuda"], True),
+        "mpi": ("hpccomm.backends.shm.communicator:cpu_communicator", ["cpu", "cuda"], True),
+        "nccl": ("hpccomm.backends.cuda.nccl:NCCLCommunicator", ["cuda"], True),
     }
     _aliases = {"gloo": "mpi", "undefined": "mpi"}
     default_device_backend_map = {"cpu": "mpi", "cuda": "nccl"}
     #: (backend, device) -> creator used instead of the backend's own for that device.
     _device_creators: Dict["tuple[str, str]", Any] = {
-        ("mpi", "cuda"): "hpccomm.backends.mpi_cuda:MPICudaCommunicator"}
+        ("mpi", "cuda"): "hpccomm.backends.cuda.mpi_aware:MPICudaCommunicator"}
 
     def __new__(cls, name: str) -> "Backend":
         if not isinstance(name, str):

@@ -147,7 +147,7 @@ class Deferred:
 
     A backend returns one as the ``test`` of its triple when the operation has a faster
     form that is safe only for a caller who waits at once (the MPI backend's gated
-    blocking calls, :mod:`hpccomm.backends.mpi_gate`): polling it starts that form.
+    blocking calls, :mod:`hpccomm.backends.mpi.gate`): polling it starts that form.
     Making a :class:`Work` of the triple first (``async_op=True``, :func:`as_work`)
     calls :meth:`start_async` instead, which starts the operation in a form that may
     complete later, in any order with other operations.

@@ -35,7 +35,7 @@ class Counter:
     NAMES = ("cart_create", "cart_sub", "split", "create_subcomm", "dup")
 
     def __init__(self):
-        from hpccomm.backends import mpi
+        from hpccomm.backends.mpi import plumbing as mpi
         self.mpi, self.calls, self.saved = mpi, {n: 0 for n in self.NAMES}, {}
         for name in self.NAMES:
             real = getattr(mpi, name)
@@ -96,7 +96,7 @@ def mesh2(dist):
 def test_2x2_shape_and_coordinates(dist, rank, size, mesh2):
     if size != 4:
         pytest.skip("2x2 needs exactly 4 ranks")
-    from hpccomm.backends import mpi
+    from hpccomm.backends.mpi import plumbing as mpi
     assert mesh2.ndim == 2 and mesh2.shape == (2, 2)
     assert mesh2.size() == 4 and mesh2.size(0) == 2 and mesh2.size(1) == 2
     assert mesh2.mesh_dim_names == ("dp", "tp") and mesh2.device_type == "cpu"
@@ -615,7 +615,7 @@ if __name__ == "__main__":
 def test_a_cartesian_slice_keeping_no_dimension_is_each_rank_alone(dist, rank, size):
     """MPI_Cart_sub keeping no dimension gives every rank a group of itself (the standard's
     rule; Intel MPI returns MPI_COMM_NULL on ranks other than 0, which hpccomm covers)."""
-    from hpccomm.backends import mpi
+    from hpccomm.backends.mpi import plumbing as mpi
     cart = mpi.cart_create(dist.group.WORLD.comm, (1, size))
     try:
         for remain in ([False, False], [True, False]):

@@ -26,7 +26,7 @@ SIM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_sim")
 def _gpu_skip_reason():
     if importlib.util.find_spec("cupy") is None:
         return "no CUDA device/CuPy/NCCL here: CuPy is not installed"
-    from hpccomm.backends import nccl
+    from hpccomm.backends.cuda import nccl
 
     if not nccl.available():
         return "no CUDA device/CuPy/NCCL here: hpccomm.is_nccl_available() is False"
@@ -49,7 +49,7 @@ CASES = [
 
 
 def _reset_backend_caches():
-    from hpccomm.backends import _cuda, nccl
+    from hpccomm.backends.cuda import device as _cuda, nccl
 
     nccl._available = None
     _cuda._cupy = None
@@ -399,7 +399,7 @@ def test_nccl_recv_needs_a_source(dist, case, rank, size):
 def test_reduction_plans_cover_what_nccl_lacks():
     import types
 
-    from hpccomm.backends._nccl_plan import make_plan
+    from hpccomm.backends.cuda.nccl_plan import make_plan
 
     nccl = types.SimpleNamespace(
         NCCL_SUM=0, NCCL_PROD=1, NCCL_MAX=2, NCCL_MIN=3, NCCL_AVG=4, NCCL_INT8=0,
@@ -421,7 +421,7 @@ def test_reduction_plans_cover_what_nccl_lacks():
 
 
 def test_bfloat16_bit_conversions_round_to_nearest_even():
-    from hpccomm.backends import _cuda
+    from hpccomm.backends.cuda import device as _cuda
 
     ml_dtypes = pytest.importorskip("ml_dtypes")
     values = np.array([1.0, -2.5, 3.14159, 1e-3, 65504.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8],
@@ -434,7 +434,7 @@ def test_bfloat16_bit_conversions_round_to_nearest_even():
 
 
 def test_device_choice_is_fixed_by_device_id_or_local_rank():
-    from hpccomm.backends import _cuda
+    from hpccomm.backends.cuda import device as _cuda
 
     assert _cuda.choose_device(None, 5, 4) == 1
     assert _cuda.choose_device(2, 0, 4) == 2

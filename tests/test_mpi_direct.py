@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpccomm.backends import mpi_direct
+from hpccomm.backends.mpi import direct as mpi_direct
 
 pytestmark = [pytest.mark.mpi(min_size=1),
               pytest.mark.skipif(not mpi_direct.available(),
@@ -21,7 +21,7 @@ def test_its_types_are_the_unstaged_sums(dist):
 
 
 def test_it_stops_where_shared_memory_or_a_gate_starts(dist, size):
-    from hpccomm.backends.shm import SharedMemoryCommunicator
+    from hpccomm.backends.shm.communicator import SharedMemoryCommunicator
 
     cpu = dist.group.WORLD.cpu
     assert 0 < cpu.direct_below <= 2 ** 31 - 1
@@ -40,7 +40,7 @@ def test_sums_every_rank_in_place(dist, rank, size, dtype):
     x = (np.arange(10) % 4 + rank).astype(dtype)
     if x.dtype not in pg.cpu.direct_types:  # Open MPI: its 8- and 16-bit sums saturate
         dist.destroy_process_group(pg)
-        from hpccomm.backends import mpi
+        from hpccomm.backends.mpi import communicator as mpi
         assert mpi._SATURATING_SUMS and x.dtype.itemsize <= 2, x.dtype
         pytest.skip(f"{x.dtype} has no direct form with this MPI library (its own 8- and "
                     f"16-bit sums saturate, so hpccomm sums them in int64)")
@@ -117,7 +117,7 @@ def test_waits_on_mpi_requests_spin_in_c(dist, rank, size, monkeypatch):
     import time
 
     from hpccomm import work
-    from hpccomm.backends import mpi as mpi_backend
+    from hpccomm.backends.mpi import communicator as mpi_backend
 
     spun = []
     real = work.spin_wait
@@ -145,7 +145,7 @@ def test_an_mpi_error_in_the_spin_fails_the_work(dist, rank, size, monkeypatch):
     complete in MPI once rank 0 has joined."""
     import time
 
-    from hpccomm.backends import mpi as mpi_backend
+    from hpccomm.backends.mpi import communicator as mpi_backend
     from hpccomm.errors import DistBackendError
 
     def failing(address, seconds, yield_every):

@@ -1,7 +1,7 @@
 """Every MPI library, every call pattern: correct results, and a timeout that holds.
 
 The MPI backend starts operations as nonblocking calls, or, where the library's table
-says so (:mod:`hpccomm.backends.mpi_gate`), gates large synchronous ones: a signature
+says so (:mod:`hpccomm.backends.mpi.gate`), gates large synchronous ones: a signature
 exchange polled under the deadline, then the blocking call. These tests run under
 whichever MPI the suite runs on (``tests/run.sh`` runs it on MPICH, then Open MPI, then
 Intel MPI) and force gating on with ``HPCCOMM_MPI_GATED`` so both patterns are checked
@@ -23,7 +23,7 @@ from helpers import result_lines as results
 from helpers import run_case as run_job
 from launcher_env import mpiexec
 
-from hpccomm.backends import mpi_gate
+from hpccomm.backends.mpi import gate as mpi_gate
 
 #: A case of tests/scripts/call_pattern_case.py as its own job.
 run_case = functools.partial(run_job, "call_pattern_case.py")
@@ -62,9 +62,9 @@ def test_the_environment_overrides_the_table():
 def gated_group(dist, monkeypatch):
     """A group whose synchronous collectives are all gated from 1 byte, and a count of the
     blocking calls made through gates."""
-    from hpccomm.backends import mpi
+    from hpccomm.backends.mpi import communicator
 
-    monkeypatch.setattr(mpi, "_GATED_FROM", {name: 1 for name in mpi_gate.CALLS.values()})
+    monkeypatch.setattr(communicator, "_GATED_FROM", {name: 1 for name in mpi_gate.CALLS.values()})
     blocking = []
     finish = mpi_gate.Gated.finish
 

@@ -1,4 +1,4 @@
-"""Where the ranks run, decided once (hpccomm/backends/placement.py): ranks bound one
+"""Where the ranks run, decided once (hpccomm/backends/mpi/placement.py): ranks bound one
 per core, unbound, more ranks than CPUs, and simulated nodes, each as its own job under
 this venv's MPI library. The poll policy and the shared-memory thresholds follow it."""
 import json
@@ -40,12 +40,12 @@ def job(n, placed=((), {}), **env):
 
 def expected_threshold(ranks, crowded):
     """all_reduce's shared-memory threshold for a node of ``ranks`` ranks."""
-    from hpccomm.backends import shm
+    from hpccomm.backends.shm import communicator as shm, pair
 
     thresholds = dict(shm.DEFAULT_MIN_BYTES)
     if crowded:
         thresholds.update(shm.CROWDED_MIN_BYTES)
-    elif ranks == 2 and shm.pair_run is not None:
+    elif ranks == 2 and pair.available():
         thresholds.update(shm.KERNEL_MIN_BYTES)
     return thresholds["all_reduce"]
 

@@ -108,7 +108,7 @@ def test_the_debug_level_raises_as_torch_does_and_falls_back_to_torch_names():
 
 
 def test_call_time_settings_see_changes_made_after_import(monkeypatch):
-    from hpccomm.backends import _cuda
+    from hpccomm.backends.cuda import device as _cuda
     from hpccomm.diagnostics import excepthook
 
     monkeypatch.setenv("HPCCOMM_NCCL_BLOCKING_WAIT", "on")

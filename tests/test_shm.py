@@ -90,7 +90,7 @@ def members(world):
     """The global ranks of this rank's node, in order (as hpccomm places them)."""
     from mpi4py import MPI
 
-    from hpccomm.backends import placement
+    from hpccomm.backends.mpi import placement
 
     node = placement.node_comm(world.comm)
     try:
@@ -144,7 +144,7 @@ def exact(dist, plain, data, op):
     NumPy from the gathered inputs: what a correct MPI returns bit for bit. (Open MPI
     5.0's own 8- and 16-bit integer sums were seen to be wrong, so MPI's result is not
     the reference for these.)"""
-    from hpccomm.backends.shm_reduce import _ARITH, _LOGICAL
+    from hpccomm.backends.shm.reduce import _ARITH, _LOGICAL
 
     size = plain.size()
     every = np.empty(data.size * size, data.dtype)
@@ -168,7 +168,7 @@ def same_everywhere(dist, plain, arr):
 
 @pytest.mark.mpi(min_size=1)
 def test_groups_take_the_path_they_should(groups, size):
-    from hpccomm.backends.shm import SharedMemoryCommunicator
+    from hpccomm.backends.shm.communicator import SharedMemoryCommunicator
 
     shm, plain = groups
     assert isinstance(shm.cpu, SharedMemoryCommunicator) == (size > 1)
@@ -177,7 +177,8 @@ def test_groups_take_the_path_they_should(groups, size):
 
 @pytest.mark.mpi(min_size=2)
 def test_default_thresholds_keep_small_messages_and_broadcast_on_mpi(dist, size):
-    from hpccomm.backends import placement, shm
+    from hpccomm.backends.mpi import placement
+    from hpccomm.backends.shm import communicator as shm, pair
 
     cpu = dist.group.WORLD.cpu
     if not isinstance(cpu, shm.SharedMemoryCommunicator) or os.environ.get(
@@ -186,7 +187,7 @@ def test_default_thresholds_keep_small_messages_and_broadcast_on_mpi(dist, size)
     defaults = dict(shm.DEFAULT_MIN_BYTES)
     if placement.crowded(dist.group.WORLD.comm):
         defaults.update(shm.CROWDED_MIN_BYTES)
-    elif size == 2 and shm.pair_run is not None:
+    elif size == 2 and pair.available():
         defaults.update(shm.KERNEL_MIN_BYTES)
     assert (cpu.min_reduce, cpu.min_scatter, cpu.min_gather, cpu.min_bcast) == tuple(
         defaults[op] for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"))

@@ -1,4 +1,4 @@
-"""Hierarchical all_reduce for groups that span nodes (hpccomm/backends/shm_hier.py):
+"""Hierarchical all_reduce for groups that span nodes (hpccomm/backends/shm/hier.py):
 reduce-scatter through shared memory within each node, MPI across nodes, all-gather
 within the node. Groups here are made as two simulated nodes (``HPCCOMM_NODES=2``, also
 in the ordinary one-machine runs), or are the default group where the job itself runs
@@ -65,7 +65,7 @@ def exact(dist, flat, data, op):
 
 @pytest.mark.mpi(min_size=4)
 def test_groups_of_two_nodes_of_two_ranks_or_more_are_hierarchical(groups, size):
-    from hpccomm.backends.shm_hier import HierarchicalCommunicator
+    from hpccomm.backends.shm.hier import HierarchicalCommunicator
 
     hier, flat = groups
     assert isinstance(hier.cpu, HierarchicalCommunicator) == (size % 2 == 0)

@@ -1,4 +1,4 @@
-"""The C kernel of two-rank shared-memory sums (hpccomm.backends.shm_pair).
+"""The C kernel of two-rank shared-memory sums (hpccomm.backends.shm.pair).
 
 Each test makes a group of world ranks 0 and 1 that sends every all-reduce through shared
 memory with small ring slots (many chunks, the ring wrapping around), so it runs at any
@@ -23,10 +23,11 @@ CASE = os.path.join(ROOT, "tests", "scripts", "shm_kernel_case.py")
 
 
 def _kernel():
-    from hpccomm.backends import shm_algorithms
+    from hpccomm.backends.shm import pair
 
-    if shm_algorithms.pair_run is None:
-        pytest.skip("hpccomm's C helper _shm_pair is not built (or HPCCOMM_SHM_KERNEL=0)")
+    if not pair.available():
+        pytest.skip("hpccomm's C helper backends/shm/_pair.c is not built "
+                    "(or HPCCOMM_SHM_KERNEL=0)")
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +44,10 @@ def pair(world):
 
 
 def _datatype(group, dtype):
-    from hpccomm.backends.shm import SharedMemoryCommunicator
+    from hpccomm.backends.shm.communicator import SharedMemoryCommunicator
 
     cpu = group.cpu
-    if not isinstance(cpu, SharedMemoryCommunicator) or cpu.pair_args is None:
+    if not isinstance(cpu, SharedMemoryCommunicator) or cpu.pair_kernel is None:
         pytest.skip("ranks 0 and 1 do not share a node with shared memory here")
     if np.dtype(dtype) not in cpu.direct_types:
         pytest.skip(f"{np.dtype(dtype)} has no direct form with this MPI library (its own "
@@ -100,7 +101,7 @@ def test_direct_form_and_state_machine_meet_in_one_operation(dist, pair, rank, n
 
 @pytest.mark.mpi(min_size=2)
 def test_a_late_peer_hands_the_direct_form_to_the_state_machine(dist, pair, rank):
-    from hpccomm.backends import shm_pair
+    from hpccomm.backends.shm import pair as shm_pair
 
     _kernel()
     if pair is None:
@@ -125,7 +126,7 @@ def test_a_late_peer_hands_the_direct_form_to_the_state_machine(dist, pair, rank
 
 @pytest.mark.mpi(min_size=2)
 def test_is_completed_never_waits_in_the_kernel_but_wait_does(dist, pair, rank):
-    from hpccomm.backends.shm_algorithms import AllReduce
+    from hpccomm.backends.shm.algorithms import AllReduce
 
     _kernel()
     if pair is None:
@@ -190,7 +191,7 @@ def test_ranks_without_the_kernel_everywhere_keep_the_numpy_steps():
     output = done.stdout + done.stderr
     lines = sorted(line for line in output.splitlines() if line.startswith("RESULT "))
     if any("no-kernel-built" in line for line in lines):
-        pytest.skip("hpccomm's C helper _shm_pair is not built")
+        pytest.skip("hpccomm's C helper backends/shm/_pair.c is not built")
     assert done.returncode == 0, output
     assert lines == ["RESULT rank=0 kernel=False sum=ok",
                      "RESULT rank=1 kernel=False sum=ok"], output

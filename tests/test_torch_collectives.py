@@ -228,12 +228,12 @@ def test_reducing_a_tensor_does_not_keep_it_alive(torch_world, rank, size, op_na
 
 
 def _direct_form():
-    from hpccomm.backends import mpi_direct
+    from hpccomm.backends.mpi import direct as mpi_direct
 
     return mpi_direct.available()
 
 
-@pytest.mark.skipif(not _direct_form(), reason="the C helper _mpi_direct is not built "
+@pytest.mark.skipif(not _direct_form(), reason="the C helper backends/mpi/_direct.c is not built "
                     "(no C compiler at install) or HPCCOMM_MPI_DIRECT=0")
 def test_blocking_sums_take_the_direct_form(torch_world, rank, size, monkeypatch):
     """A blocking SUM of a contiguous float32 tensor starts through the C helper; a
@@ -263,7 +263,7 @@ def test_blocking_sums_take_the_direct_form(torch_world, rank, size, monkeypatch
 def test_a_direct_sum_outlasting_its_spin_completes(torch_world, rank, size):
     """Rank 0 joins late, past the C helper's spin: the others' sums go on waiting the
     general way and complete with the right values."""
-    from hpccomm.backends import mpi_direct
+    from hpccomm.backends.mpi import direct as mpi_direct
 
     if rank == 0:
         time.sleep(3 * mpi_direct.SLICE_S)

@@ -36,7 +36,7 @@ def import_other(checkout):
                 path = os.path.join(folder, name)
                 with open(path) as handle:
                     text = handle.read()
-                # plugin paths such as "hpccomm.backends.mpi:MPICommunicator"
+                # plugin paths such as "hpccomm.backends.mpi.communicator:MPICommunicator"
                 text = re.sub(r'(["\'])hpccomm\.', r"\1hpccomm_ab.", text)
                 with open(path, "w") as handle:
                     handle.write(text)

@@ -48,7 +48,7 @@ def main():
     from cupy.cuda import nccl
 
     import hpccomm as dist
-    from hpccomm.backends import _cuda, nccl as hpc_nccl
+    from hpccomm.backends.cuda import device as _cuda, nccl as hpc_nccl
 
     dist.init_process_group(backend="cpu:mpi,cuda:nccl")
     rank, size = dist.get_rank(), dist.get_world_size()

@@ -13,11 +13,11 @@ over ranks, median over rounds):
 * ``raw_nb``    the nonblocking call polled with ``Test`` (what hpccomm waits on)
 * ``hp_nb``     ``dist.all_reduce(a)`` on a group whose calls are never gated
 * ``hp_gated``  the same on a group whose calls are all gated (signature all-gather
-  under the deadline, then the blocking call; :mod:`hpccomm.backends.mpi_gate`)
+  under the deadline, then the blocking call; :mod:`hpccomm.backends.mpi.gate`)
 * ``hpccomm``   the same on a group with this library's table: what users get
 
 The printed ratios are ``raw / variant`` (1.0 = as fast as the blocking call). The
-gating table in :mod:`hpccomm.backends.mpi_gate` gates an operation from the size where
+gating table in :mod:`hpccomm.backends.mpi.gate` gates an operation from the size where
 ``hp_gated`` beats ``hp_nb`` for good.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hpccomm as dist
-from hpccomm.backends import mpi as mpi_backend
-from hpccomm.backends import mpi_gate
+from hpccomm.backends.mpi import communicator as mpi_backend
+from hpccomm.backends.mpi import gate as mpi_gate
 from hpccomm.bench import DEFAULT_SIZES, measure, parse_size, size_text
 
 OPS = ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor",

@@ -1,4 +1,4 @@
-/* What the two C helpers (_mpi_direct.c, _shm_pair.c) share: the monotonic clock and
+/* What the two C helpers (mpi/_direct.c, shm/_pair.c) share: the monotonic clock and
  * the idle turn of a bounded spin.
  *
  * A spin polls until its work is done or its slice of time is over. Each idle turn

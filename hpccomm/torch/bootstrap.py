@@ -28,9 +28,8 @@ import numpy as np
 from .. import init as _init
 from .. import rendezvous as _meet
 from ..errors import DistValueError
-from ..group import ProcessGroup as HostGroup
+from ..group import ProcessGroup as HostGroup, mpi_backend
 from ..types import default_pg_timeout
-from ..work import Work
 from . import progress as _progress
 from .process_group import ProcessGroupHPC
 from .store import MPITorchStore
@@ -38,18 +37,10 @@ from .store import MPITorchStore
 _CPU_ONLY = {"cpu": "mpi"}
 
 
-def _mpi() -> Any:
-    """hpccomm's MPI plumbing, imported on first use (importing it initializes MPI, which
-    ``import hpccomm.torch`` must not do)."""
-    from ..backends import mpi
-
-    return mpi
-
-
 def job_world() -> Any:
     """The communicator of the job's processes: ``MPI_COMM_WORLD``, or its survivors
     once :func:`hpccomm.torch.shrink_group` dropped failed ranks."""
-    return _state.survivors if _state.survivors is not None else _mpi().world()
+    return _state.survivors if _state.survivors is not None else mpi_backend().world()
 
 
 def continue_with(survivors: Any, failed: bool) -> None:
@@ -65,7 +56,7 @@ def continue_with(survivors: Any, failed: bool) -> None:
     _state.store = None
     _state.torch_stores = []
     if _state.survivors is not None:
-        _mpi().free(_state.survivors)
+        mpi_backend().free(_state.survivors)
     _state.survivors = survivors
 
 
@@ -112,7 +103,7 @@ def mpi_rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
                                int(query.get("world_size", -1)))
     except (DistValueError, ValueError) as exc:
         problem = exc
-    failing = [r for r, bad in enumerate(_mpi().allgather_flags(world, problem is not None,
+    failing = [r for r, bad in enumerate(mpi_backend().allgather_flags(world, problem is not None,
                                                                seconds)) if bad]
     if problem is not None:
         raise DistValueError(f"init_process_group(init_method='mpi://'): {problem}")
@@ -163,15 +154,15 @@ def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     renumbered = None
     base = world
     if torch_ranks != list(range(size)):  # e.g. env:// with RANK set another way
-        base = renumbered = _mpi().split(world, 0, rank)
+        base = renumbered = mpi_backend().split(world, 0, rank)
     try:
         cores = _init.poll_policy(base)  # how waits yield when ranks outnumber cores
-        control = HostGroup(_mpi().dup(base), name="hpccomm-torch-control",
+        control = HostGroup(mpi_backend().dup(base), name="hpccomm-torch-control",
                             world_ranks=range(size), timeout=seconds, backends=_CPU_ONLY)
-        host = HostGroup(_mpi().dup(base), name=name, world_ranks=range(size),
+        host = HostGroup(mpi_backend().dup(base), name=name, world_ranks=range(size),
                          timeout=seconds, backends=_CPU_ONLY)
     finally:
-        _mpi().free(renumbered)
+        mpi_backend().free(renumbered)
     _forget_world()
     _state.control, _state.control_owned = control, True
     _init.report_initialized(host, seconds, cores, "torch store over MPI")
@@ -194,10 +185,9 @@ def _forget_world() -> None:
 
 def _allgather_ranks(world: Any, rank: int, seconds: float) -> List[int]:
     """Every MPI rank's torch rank, gathered without blocking past ``seconds``."""
-    mine, ranks = np.array([rank], dtype=np.int64), np.empty(world.Get_size(), np.int64)
-    work = Work(*_mpi().MPICommunicator(world, seconds).all_gather(mine, ranks, None))
-    work.op, work.timeout = "init_process_group (ranks agreeing on torch's numbering)", seconds
-    work.wait()
+    ranks = mpi_backend().allgather(world, np.array([rank], dtype=np.int64),
+                                    "init_process_group (ranks agreeing on torch's "
+                                    "numbering)", seconds)[:, 0]
     return [int(r) for r in ranks]
 
 
@@ -206,7 +196,7 @@ def _subgroup(ranks: List[int], group_rank: int, seconds: float, name: str) -> H
     control = _control_for_subgroups(seconds)
     _meet.meet_members(control, ranks, f"new_group({ranks})", seconds)
     tag = (hash(tuple(ranks)) & 0x3FFF) + 1
-    comm = _mpi().create_subcomm(control.comm, ranks, tag)
+    comm = mpi_backend().create_subcomm(control.comm, ranks, tag)
     host = HostGroup(comm, name=name, world_ranks=ranks, timeout=seconds, backends=_CPU_ONLY)
     if host.rank() != group_rank:  # torch and MPI number members alike (sorted order)
         host.shutdown()

@@ -62,7 +62,7 @@ def available() -> bool:
     """Whether MPI allows a second thread to make MPI calls (MPI_THREAD_MULTIPLE)."""
     global _multiple
     if _multiple is None:
-        from ..backends import mpi  # initializes MPI if nothing has yet
+        from ..backends.mpi import plumbing as mpi  # initializes MPI if nothing has yet
 
         _multiple = mpi.thread_level() >= _THREAD_MULTIPLE
     return _multiple

@@ -5,7 +5,8 @@ import os
 
 import hpccomm as dist
 from hpccomm import init, work
-from hpccomm.backends import placement, shm
+from hpccomm.backends.mpi import placement
+from hpccomm.backends.shm import communicator as shm
 
 dist.init_process_group()
 where = placement.world

@@ -14,7 +14,7 @@ os.environ.update(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES="1", HPCCOMM_SHM_CHUNK=
 import numpy as np  # noqa: E402
 
 import hpccomm as dist  # noqa: E402
-from hpccomm.backends.shm import SharedMemoryCommunicator  # noqa: E402
+from hpccomm.backends.shm.communicator import SharedMemoryCommunicator  # noqa: E402
 
 
 def say(*parts):
@@ -25,7 +25,7 @@ def say(*parts):
 def main():
     dist.init_process_group("mpi", timeout=30)
     try:
-        import hpccomm.backends._shm_pair  # noqa: F401
+        import hpccomm.backends.shm._pair  # noqa: F401
     except ImportError:
         say("no-kernel-built")
         return
@@ -34,7 +34,7 @@ def main():
     arr = np.arange(100001, dtype=np.float32) * (dist.get_rank() + 1)
     dist.all_reduce(arr)
     ok = np.array_equal(arr, np.arange(100001, dtype=np.float32) * 3)
-    say(f"kernel={cpu.pair_args is not None}", f"sum={'ok' if ok else 'wrong'}")
+    say(f"kernel={cpu.pair_kernel is not None}", f"sum={'ok' if ok else 'wrong'}")
     dist.destroy_process_group()
 
 

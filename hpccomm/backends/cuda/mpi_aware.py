@@ -23,12 +23,12 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import settings
-from ..types import RedOpType
-from ..work import Started, chain
-from . import _cuda
-from .base import Communicator
-from .mpi import MPICommunicator, reduction_plan
+from ... import settings
+from ...types import RedOpType
+from ...work import Started, chain
+from . import device as _cuda
+from ..base import Communicator
+from ..mpi.communicator import MPICommunicator, reduction_plan
 
 
 def cuda_aware_mpi() -> bool:

@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_spin.h"
+#include "../_spin.h"
 
 typedef int (*iallreduce_fn)(const void *, void *, int, uintptr_t, uintptr_t, uintptr_t,
                              void *);
@@ -197,9 +197,9 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_mpi_direct",
+    PyModuleDef_HEAD_INIT, "_direct",
     "A synchronous in-place all-reduce started and spun in C (see mpi_direct.py).", -1,
     methods,
 };
 
-PyMODINIT_FUNC PyInit__mpi_direct(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__direct(void) { return PyModule_Create(&module); }

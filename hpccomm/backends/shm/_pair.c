@@ -1,10 +1,10 @@
 /* The shared-memory all-reduce of a two-rank group, in C.
  *
  * A reduce-scatter then an all-gather, pipelined per chunk through the communicator's
- * ring (shm_segment): rank 0 reduces the first half of the buffer, rank 1 the second,
+ * ring (segment.py): rank 0 reduces the first half of the buffer, rank 1 the second,
  * each adds the other's staged copy of its half and both copy the other's sums back.
  *
- * The Python state machine (shm_algorithms) spends several microseconds of interpreter
+ * The Python state machine (algorithms.py) spends several microseconds of interpreter
  * work per chunk step and about ten more per operation (descriptor, resolve, Work); at
  * 16 KiB-4 MiB that is what separated the shared-memory path from MPI. `run` does it
  * all in one call: it can publish the operation's descriptor and resolve the peer's,
@@ -15,8 +15,9 @@
  *
  * Counters are read with acquire and written with release ordering, so data written
  * before a counter is seen by the reader of that counter on every architecture (on
- * x86-64 these are plain loads and stores). The word layout
- * and the descriptor's bit fields come from Python once (`configure`).
+ * x86-64 these are plain loads and stores). A `Pair` object holds what is fixed per
+ * two-rank communicator: the word layout, the descriptor's bit fields, the rings' and
+ * control blocks' addresses; its `run` takes only what changes per operation.
  *
  * The sums are exactly NumPy's: IEEE additions of two operands of the array's own type,
  * integers wrapping (computed unsigned, which C defines as wrapping).
@@ -26,15 +27,17 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_spin.h"
+#include "../_spin.h"
 
 /* Element kinds the kernel sums (the Python side maps dtypes to them). */
 enum { KIND_F32 = 1, KIND_F64 = 2, KIND_U8 = 3, KIND_U16 = 4, KIND_U32 = 5, KIND_U64 = 6 };
 
-/* Set by configure(): word positions in a rank's control block (shm_segment), the
- * descriptor's fields (shm_algorithms) and how far staging runs ahead. */
-static long staged_at = -1, reduced_at, consumed_at, enter_at, seq_shift, lookahead;
-static int64_t tag_mask;
+/* Word positions in a rank's control block (segment.py), the descriptor's fields
+ * (algorithms.py) and how far staging runs ahead. */
+typedef struct {
+    long staged_at, reduced_at, consumed_at, enter_at, seq_shift, lookahead;
+    int64_t tag_mask;
+} layout_t;
 
 /* What run() returns instead of r << 32 | s before the peer has resolved. */
 #define PEER_ABSENT -1    /* the peer has not entered this operation yet */
@@ -79,8 +82,9 @@ static size_t item_size(int kind)
     return 0;
 }
 
-/* One pair all-reduce as the Python side describes it. */
+/* One pair all-reduce: the communicator's fixed part and the operation's. */
 typedef struct {
+    const layout_t *at;   /* the communicator's layout */
     char *own;            /* this rank's buffer */
     long long size;       /* elements */
     int kind;
@@ -130,17 +134,17 @@ static int advance(const pair_t *p, progress_t *at)
     for (;;) {
         int step = 0;
         long long lo, hi;
-        if (g < r && __atomic_load_n(&p->peer_words[reduced_at], __ATOMIC_ACQUIRE) > p->k0 + g) {
+        if (g < r && __atomic_load_n(&p->peer_words[p->at->reduced_at], __ATOMIC_ACQUIRE) > p->k0 + g) {
             half_span(p, 1 - me, g, &lo, &hi);
             if (hi > lo)
                 memcpy(p->own + lo * item,
                        p->theirs + ((p->k0 + g) % p->slots) * p->slot_bytes + piece,
                        (size_t)(hi - lo) * item);
             g++;
-            __atomic_store_n(&p->my_words[consumed_at], p->k0 + g, __ATOMIC_RELEASE);
+            __atomic_store_n(&p->my_words[p->at->consumed_at], p->k0 + g, __ATOMIC_RELEASE);
             step = 1;
         }
-        if (r < s && __atomic_load_n(&p->peer_words[staged_at], __ATOMIC_ACQUIRE) > p->k0 + r) {
+        if (r < s && __atomic_load_n(&p->peer_words[p->at->staged_at], __ATOMIC_ACQUIRE) > p->k0 + r) {
             half_span(p, me, r, &lo, &hi);
             if (hi > lo) {
                 char *own = p->own + lo * item;
@@ -149,17 +153,17 @@ static int advance(const pair_t *p, progress_t *at)
                 memcpy(p->mine + slot + piece, own, (size_t)(hi - lo) * item);
             }
             r++;
-            __atomic_store_n(&p->my_words[reduced_at], p->k0 + r, __ATOMIC_RELEASE);
+            __atomic_store_n(&p->my_words[p->at->reduced_at], p->k0 + r, __ATOMIC_RELEASE);
             step = 1;
         }
-        if (s < p->nch && s < g + lookahead &&
-            __atomic_load_n(&p->peer_words[consumed_at], __ATOMIC_ACQUIRE) > p->k0 + s - p->slots) {
+        if (s < p->nch && s < g + p->at->lookahead &&
+            __atomic_load_n(&p->peer_words[p->at->consumed_at], __ATOMIC_ACQUIRE) > p->k0 + s - p->slots) {
             half_span(p, 1 - me, s, &lo, &hi);
             if (hi > lo)
                 memcpy(p->mine + ((p->k0 + s) % p->slots) * p->slot_bytes, p->own + lo * item,
                        (size_t)(hi - lo) * item);
             s++;
-            __atomic_store_n(&p->my_words[staged_at], p->k0 + s, __ATOMIC_RELEASE);
+            __atomic_store_n(&p->my_words[p->at->staged_at], p->k0 + s, __ATOMIC_RELEASE);
             step = 1;
         }
         if (!step)
@@ -187,66 +191,74 @@ static void *address_of(PyObject *value)
  * tag. */
 static int peer_entered(const pair_t *p, int64_t seq, int64_t tag)
 {
-    int64_t value = __atomic_load_n(&p->peer_words[enter_at], __ATOMIC_ACQUIRE);
-    int64_t entered = value >> seq_shift;
+    int64_t value = __atomic_load_n(&p->peer_words[p->at->enter_at], __ATOMIC_ACQUIRE);
+    int64_t entered = value >> p->at->seq_shift;
     if (entered < seq)
         return 0;
-    if (entered == seq && (value & tag_mask) != tag)
+    if (entered == seq && (value & p->at->tag_mask) != tag)
         return -1;
     return 1;
 }
 
-/* configure(staged, reduced, consumed, enter, seq_shift, tag_mask, lookahead) */
-static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* A two-rank communicator's kernel: its layout and the fixed part of every pair_t. */
+typedef struct {
+    PyObject_HEAD
+    layout_t layout;
+    pair_t fixed; /* first, slots, slot_bytes, mine, theirs, my_words, peer_words */
+} PairObject;
+
+static int pair_init(PairObject *self, PyObject *args, PyObject *kwargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "configure(staged, reduced, consumed, enter, "
-                                         "seq_shift, tag_mask, lookahead)");
-        return NULL;
+    static char *names[] = {"first", "slots", "slot_bytes", "mine", "theirs", "my_words",
+                            "peer_words", "staged", "reduced", "consumed", "enter",
+                            "seq_shift", "tag_mask", "lookahead", NULL};
+    int first;
+    long long slots, slot_bytes;
+    unsigned long long mine, theirs, my_words, peer_words;
+    layout_t l;
+    long long mask;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$pLLKKKKlllllLl", names, &first, &slots,
+                                     &slot_bytes, &mine, &theirs, &my_words, &peer_words,
+                                     &l.staged_at, &l.reduced_at, &l.consumed_at,
+                                     &l.enter_at, &l.seq_shift, &mask, &l.lookahead))
+        return -1;
+    l.tag_mask = mask;
+    if (l.staged_at < 0 || l.reduced_at < 0 || l.consumed_at < 0 || l.enter_at < 0 ||
+        l.seq_shift <= 0 || l.seq_shift > 62 || l.lookahead < 1 || slots <= 0 ||
+        slot_bytes <= 0 || !mine || !theirs || !my_words || !peer_words) {
+        PyErr_SetString(PyExc_ValueError, "Pair: impossible layout or ring");
+        return -1;
     }
-    long staged = PyLong_AsLong(args[0]), reduced = PyLong_AsLong(args[1]);
-    long consumed = PyLong_AsLong(args[2]), enter = PyLong_AsLong(args[3]);
-    long shift = PyLong_AsLong(args[4]);
-    int64_t mask = PyLong_AsLongLong(args[5]);
-    long ahead = PyLong_AsLong(args[6]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (staged < 0 || reduced < 0 || consumed < 0 || enter < 0 || shift <= 0 ||
-        shift > 62 || ahead < 1) {
-        PyErr_SetString(PyExc_ValueError, "configure: impossible layout");
-        return NULL;
-    }
-    staged_at = staged;
-    reduced_at = reduced;
-    consumed_at = consumed;
-    enter_at = enter;
-    seq_shift = shift;
-    tag_mask = mask;
-    lookahead = ahead;
-    Py_RETURN_NONE;
+    self->layout = l;
+    memset(&self->fixed, 0, sizeof self->fixed);
+    self->fixed.at = &self->layout;
+    self->fixed.first = first;
+    self->fixed.slots = slots;
+    self->fixed.slot_bytes = slot_bytes;
+    self->fixed.mine = (char *)(uintptr_t)mine;
+    self->fixed.theirs = (const char *)(uintptr_t)theirs;
+    self->fixed.my_words = (int64_t *)(uintptr_t)my_words;
+    self->fixed.peer_words = (const int64_t *)(uintptr_t)peer_words;
+    return 0;
 }
 
-/* run(own, count, kind, ce, half, nch, k0, enter, r, s, g, slice, yield_every,
- *     first, slots, slot_bytes, mine, theirs, my_words, peer_words) -> int
+/* Pair.run(own, count, kind, ce, half, nch, k0, enter, r, s, g, slice, yield_every) -> int
  *
  * One all-reduce of `count` elements of `kind` at `own` over the pair (rank 0 reduces
- * elements [0, half), rank 1 the rest), from chunk state (r, s, g). With `enter` != 0 the operation has not begun: publish `enter` as
- * this rank's descriptor and wait for the peer's first. Does every step that is ready;
- * with `slice` > 0 also waits for the peer (GIL released) until the operation is done or
- * `slice` seconds pass, yielding the core every `yield_every` idle polls (0: never).
- * Returns r << 42 | s << 21 | g (done when r == g == nch), or PEER_ABSENT /
- * PEER_MISMATCH. */
-static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+ * elements [0, half), rank 1 the rest), from chunk state (r, s, g). With `enter` != 0
+ * the operation has not begun: publish `enter` as this rank's descriptor and wait for
+ * the peer's first. Does every step that is ready; with `slice` > 0 also waits for the
+ * peer (GIL released) until the operation is done or `slice` seconds pass, yielding the
+ * core every `yield_every` idle polls (0: never). Returns r << 42 | s << 21 | g (done
+ * when r == g == nch), or PEER_ABSENT / PEER_MISMATCH. The buffers stay the caller's:
+ * the Python side keeps the ring and `own` alive while an operation runs. */
+static PyObject *pair_run(PairObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 20) {
-        PyErr_SetString(PyExc_TypeError, "run() takes 20 arguments");
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "Pair.run() takes 13 arguments");
         return NULL;
     }
-    if (staged_at < 0) {
-        PyErr_SetString(PyExc_RuntimeError, "run: configure() was not called");
-        return NULL;
-    }
-    pair_t p;
+    pair_t p = self->fixed;
     progress_t at;
     p.own = address_of(args[0]);
     p.size = PyLong_AsLongLong(args[1]);
@@ -261,29 +273,21 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     at.g = PyLong_AsLongLong(args[10]);
     double slice = PyFloat_AsDouble(args[11]);
     long yield_every = PyLong_AsLong(args[12]);
-    p.first = PyObject_IsTrue(args[13]);
-    p.slots = PyLong_AsLongLong(args[14]);
-    p.slot_bytes = PyLong_AsLongLong(args[15]);
-    p.mine = address_of(args[16]);
-    p.theirs = address_of(args[17]);
-    p.my_words = address_of(args[18]);
-    p.peer_words = address_of(args[19]);
     if (PyErr_Occurred())
         return NULL;
-    if (!item_size(p.kind) || p.ce <= 0 || p.slots <= 0 || p.first < 0 || !p.own ||
-        !p.mine || !p.theirs || !p.my_words || !p.peer_words || p.nch < 0 ||
+    if (!item_size(p.kind) || p.ce <= 0 || !p.own || p.nch < 0 ||
         p.nch >= (1LL << FIELD_BITS) || p.half < 0 || p.half > p.size || at.r < 0 ||
         at.s < at.r || at.s > p.nch || at.g < 0 || at.g > at.r ||
         p.ce * (long long)item_size(p.kind) > p.slot_bytes / 2) {
-        PyErr_SetString(PyExc_ValueError, "run: inconsistent arguments");
+        PyErr_SetString(PyExc_ValueError, "Pair.run: inconsistent arguments");
         return NULL;
     }
     long long result;
-    int64_t seq = enter >> seq_shift, tag = enter & tag_mask;
+    int64_t seq = enter >> p.at->seq_shift, tag = enter & p.at->tag_mask;
     Py_BEGIN_ALLOW_THREADS
     int entered = 1;
     if (enter) {
-        __atomic_store_n(&p.my_words[enter_at], enter, __ATOMIC_RELEASE);
+        __atomic_store_n(&p.my_words[p.at->enter_at], enter, __ATOMIC_RELEASE);
         entered = peer_entered(&p, seq, tag);
     }
     if (entered > 0)
@@ -310,28 +314,45 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLongLong(result);
 }
 
-static PyMethodDef methods[] = {
-    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
-     "configure(staged, reduced, consumed, enter, seq_shift, tag_mask, lookahead): the "
-     "layout."},
-    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
-     "run(own, count, kind, ce, half, nch, k0, enter, r, s, g, slice, yield_every, first, "
-     "slots, slot_bytes, mine, theirs, my_words, peer_words) -> r << 42 | s << 21 | g, "
-     "or a negative status."},
+static PyMethodDef pair_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))pair_run, METH_FASTCALL,
+     "run(own, count, kind, ce, half, nch, k0, enter, r, s, g, slice, yield_every) -> "
+     "r << 42 | s << 21 | g, or a negative status."},
     {NULL, NULL, 0, NULL},
 };
 
+static PyTypeObject PairType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hpccomm.backends.shm._pair.Pair",
+    .tp_doc = "Pair(*, first, slots, slot_bytes, mine, theirs, my_words, peer_words, "
+              "staged, reduced, consumed, enter, seq_shift, tag_mask, lookahead): the "
+              "kernel of one two-rank communicator (its ring, control blocks and layout).",
+    .tp_basicsize = sizeof(PairObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)pair_init,
+    .tp_methods = pair_methods,
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_shm_pair",
-    "The two-rank shared-memory all-reduce in C (see shm_pair.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_pair",
+    "The two-rank shared-memory all-reduce in C (see pair.py).", -1, NULL,
 };
 
 /* The module, with the constants the Python side reads rather than repeats. */
-PyMODINIT_FUNC PyInit__shm_pair(void)
+PyMODINIT_FUNC PyInit__pair(void)
 {
+    if (PyType_Ready(&PairType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    Py_INCREF(&PairType);
+    if (PyModule_AddObject(m, "Pair", (PyObject *)&PairType) < 0) {
+        Py_DECREF(&PairType);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "PEER_ABSENT", PEER_ABSENT) < 0 ||
         PyModule_AddIntConstant(m, "PEER_MISMATCH", PEER_MISMATCH) < 0 ||
         PyModule_AddIntConstant(m, "FIELD_BITS", FIELD_BITS) < 0 ||

@@ -27,9 +27,9 @@ from typing import Any, Callable, Deque, List, Optional, Tuple
 
 import numpy as np
 
-from .. import observe, settings
-from ..errors import DistError
-from ..work import Work
+from ... import observe, settings
+from ...errors import DistError
+from ...work import Work
 
 _cupy: Any = None
 
@@ -84,7 +84,7 @@ def bind_at_init(world_comm: Any, device_id: Any) -> None:
     else:
         local_rank, local_size = local_rank_from_env()
         if local_rank is None:
-            from .mpi import node_local
+            from ..mpi.plumbing import node_local
 
             local_rank, local_size = node_local(world_comm)
         binding.device_id = None

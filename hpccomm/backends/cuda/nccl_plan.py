@@ -10,9 +10,9 @@ from typing import Any, Dict, List, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import DistBackendError
-from ..types import RedOpType
-from . import _cuda
+from ...errors import DistBackendError
+from ...types import RedOpType
+from . import device as _cuda
 
 class Plan(NamedTuple):
     """How to reduce one (dtype, op): mode, NCCL type and op, views and fix-ups."""

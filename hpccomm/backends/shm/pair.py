@@ -1,6 +1,6 @@
-"""The C kernel of the two-rank shared-memory all-reduce (``_shm_pair``), where it applies.
+"""The C kernel of the two-rank shared-memory all-reduce (``_pair.c``), where it applies.
 
-Pair mode (:class:`~hpccomm.backends.shm_algorithms.AllReduce`) stages each chunk into
+Pair mode (:class:`~hpccomm.backends.shm.algorithms.AllReduce`) stages each chunk into
 the ring and adds the peer's staged copy into the rank's own buffer. In Python every
 chunk step costs about 10 us of interpreter work (counter reads, views, two NumPy
 calls); the C kernel does the same steps for a whole operation in one call and can wait
@@ -18,11 +18,11 @@ helper, or with ``HPCCOMM_SHM_KERNEL=0``, everything keeps the NumPy steps.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .. import settings
+from ... import settings
 
 #: Longest wait for the peer inside C per call: the caller's loop checks its deadline,
 #: advances other groups' operations and lets MPI progress between slices.
@@ -32,7 +32,7 @@ SLICE_S = 0.002
 PIECE_BYTES = 128 * 1024
 
 try:
-    from . import _shm_pair  # type: ignore[attr-defined]
+    from . import _pair as _shm_pair  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler: NumPy steps only
     _shm_pair = None
 
@@ -44,9 +44,9 @@ _KIND_NAMES = {("f", 4): "F32", ("f", 8): "F64", ("c", 8): "F32", ("c", 16): "F6
 #: The kernel's codes for those kinds, as the compiled kernel defines them.
 _KINDS = ({key: getattr(_shm_pair, f"KIND_{name}") for key, name in _KIND_NAMES.items()}
           if _shm_pair is not None else {})
-#: ``run``'s result once resolved packs chunks reduced, staged and gathered in fields of
+#: ``Pair.run``'s result once resolved packs chunks reduced, staged and gathered in fields of
 #: this many bits (the kernel's own constant); operations of more chunks keep the NumPy
-#: steps. Before the peer has resolved the operation ``run`` returns a negative status.
+#: steps. Before the peer has resolved the operation ``Pair.run`` returns a negative status.
 FIELD_BITS = _shm_pair.FIELD_BITS if _shm_pair is not None else 0
 MAX_CHUNKS = 1 << FIELD_BITS
 _FIELD = MAX_CHUNKS - 1
@@ -57,15 +57,26 @@ def unpack(result: int) -> Tuple[int, int, int]:
     return result >> 2 * FIELD_BITS, (result >> FIELD_BITS) & _FIELD, result & _FIELD
 
 
-def load(staged: int, reduced: int, consumed: int, enter: int, seq_shift: int,
-         tag_mask: int, lookahead: int) -> Any:
-    """The C kernel's ``run``, told the control block's layout (word positions, the
-    descriptor's fields, the staging lookahead); ``None`` when it is not built or
-    ``HPCCOMM_SHM_KERNEL=0``."""
-    if _shm_pair is None or not settings.SHM_KERNEL.get():
+def available() -> bool:
+    """Whether the C kernel is built and ``HPCCOMM_SHM_KERNEL`` allows it."""
+    return _shm_pair is not None and settings.SHM_KERNEL.get()
+
+
+def bind(rank: int, slots: int, slot_bytes: int, regions: Any, words: Any,
+         layout: Dict[str, int]) -> Any:
+    """The kernel of one two-rank communicator, configured once: whether this rank adds
+    first, the ring's shape, both rings' and both control blocks' addresses, and the
+    control block's ``layout`` (word positions, the descriptor's fields, the staging
+    lookahead). Its ``run(own, count, kind, ce, half, nch, k0, enter, r, s, g, slice,
+    yield_every)`` takes what changes per operation. ``None`` when :func:`available`
+    is false. The caller keeps ``regions`` and ``words`` alive as long as the kernel."""
+    if not available():
         return None
-    _shm_pair.configure(staged, reduced, consumed, enter, seq_shift, tag_mask, lookahead)
-    return _shm_pair.run
+    peer = 1 - rank
+    return _shm_pair.Pair(first=rank == 0, slots=slots, slot_bytes=slot_bytes,
+                          mine=regions[rank].ctypes.data, theirs=regions[peer].ctypes.data,
+                          my_words=_address(words[rank]), peer_words=_address(words[peer]),
+                          **layout)
 
 
 def kind_of(dtype: Any) -> Optional[Tuple[int, int]]:
@@ -75,15 +86,6 @@ def kind_of(dtype: Any) -> Optional[Tuple[int, int]]:
         return None
     code = _KINDS.get((dtype.kind, dtype.itemsize))
     return None if code is None else (code, 2 if dtype.kind == "c" else 1)
-
-
-def communicator_args(rank: int, slots: int, slot_bytes: int, regions: Any,
-                      words: Any) -> tuple:
-    """The arguments of ``run`` that are fixed per two-rank communicator: whether this
-    rank adds first, the ring's shape, both rings' and both control blocks' addresses."""
-    peer = 1 - rank
-    return (rank == 0, slots, slot_bytes, regions[rank].ctypes.data,
-            regions[peer].ctypes.data, _address(words[rank]), _address(words[peer]))
 
 
 def _address(words: Any) -> int:

@@ -44,8 +44,8 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import settings
-from ..work import poll
+from ... import settings
+from ...work import poll
 
 #: Positions (int64 words) of the control words at the start of each rank's region.
 #: Each counter has two cache lines (128 bytes) of its own; an operation's descriptor
@@ -238,7 +238,7 @@ class Segment:
 def rendezvous(comm: Any, timeout: Optional[float], what: str) -> None:
     """Return once every rank of ``comm`` has arrived, or raise a timeout error naming
     ``what``: the meeting point before a blocking collective."""
-    from ..errors import DistTimeoutError
+    from ...errors import DistTimeoutError
 
     start = time.monotonic()
     if poll(comm.Ibarrier().Test, timeout):

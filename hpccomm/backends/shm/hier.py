@@ -24,9 +24,9 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
-from ..types import RedOpType
-from ..work import Deferred, Started
-from .mpi import MPICommunicator
+from ...types import RedOpType
+from ...work import Deferred, Started
+from ..mpi.communicator import MPICommunicator
 
 #: The smallest all_reduce (bytes) that takes the three steps; below, flat MPI. Where
 #: the machine runs more ranks than it has CPUs, the steps are off unless
@@ -121,7 +121,7 @@ class HierarchicalCommunicator(MPICommunicator):
 
     def shutdown(self) -> None:
         """Free the node's and the cross-node communicators (the group frees its own)."""
-        from .mpi import free
+        from ..mpi.plumbing import free
 
         local, cross = self.local, self.cross
         local.shutdown()

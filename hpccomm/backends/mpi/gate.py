@@ -28,9 +28,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from mpi4py import MPI
 
-from .. import settings
-from ..errors import DistBackendError, DistTimeoutError
-from ..work import Deferred, Started, poll
+from ... import settings
+from ...errors import DistBackendError, DistTimeoutError
+from ...work import Deferred, Started, poll
 
 KiB, MiB = 1024, 1024 * 1024
 NEVER = float("inf")

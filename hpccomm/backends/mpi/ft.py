@@ -29,8 +29,8 @@ from typing import Any, List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import DistBackendError, DistTimeoutError
-from ..work import poll
+from ...errors import DistBackendError, DistTimeoutError
+from ...work import poll
 
 #: Error classes that mean "a process of this communicator failed".
 _FAILURE_CLASSES = frozenset(getattr(MPI, name) for name in

@@ -1,4 +1,4 @@
-"""The C helper ``_mpi_direct``: the direct form of a synchronous in-place SUM
+"""The C helper ``_direct`` (``_direct.c``): the direct form of a synchronous in-place SUM
 all-reduce, and a native spin on any mpi4py request (:func:`spin_function`).
 
 A group's hottest call, a blocking all-reduce of a contiguous CPU tensor, costs about
@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .. import settings
+from ... import settings
 
 #: Longest spin in C before the general wait takes over (a deadline, signals and other
 #: operations' progress are checked there).
@@ -46,7 +46,7 @@ def available() -> bool:
         if not settings.MPI_DIRECT.get():
             return False
         try:
-            from . import _mpi_direct  # type: ignore[attr-defined]
+            from . import _direct as _mpi_direct  # type: ignore[attr-defined]
         except ImportError:  # built without a C compiler: the general path only
             return False
         _mpi_direct.bind(*_library_entry_points())

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..types import RedOpType
+from ...types import RedOpType
 
 _FLOAT32 = np.dtype(np.float32)
 _ARITH = {RedOpType.SUM: np.add, RedOpType.AVG: np.add, RedOpType.PREMUL_SUM: np.add,

@@ -23,7 +23,7 @@ from typing import Any, Optional, Tuple
 
 from mpi4py import MPI
 
-from .. import settings
+from ... import settings
 
 
 def simulated_nodes() -> int:

@@ -22,12 +22,12 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
-from ..errors import DistBackendError, DistError, DistTimeoutError, DistValueError
-from ..types import RedOpType, Tag
-from ..work import Work
-from . import _cuda
-from ._nccl_plan import UFUNC, Plan, make_plan, offsets
-from .base import Communicator
+from ...errors import DistBackendError, DistError, DistTimeoutError, DistValueError
+from ...types import RedOpType, Tag
+from ...work import Work
+from . import device as _cuda
+from .nccl_plan import UFUNC, Plan, make_plan, offsets
+from ..base import Communicator
 
 _SUM, _AVG, _PREMUL = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM
 

@@ -1,12 +1,12 @@
 """The CPU communicator of a group whose ranks share one node: shared memory above a size.
 
-:class:`SharedMemoryCommunicator` is an :class:`~hpccomm.backends.mpi.MPICommunicator`
+:class:`SharedMemoryCommunicator` is an :class:`~hpccomm.backends.mpi.communicator.MPICommunicator`
 that runs all_reduce, reduce_scatter, all_gather and broadcast above a size threshold
-per operation through shared memory (:mod:`.shm_algorithms`) and everything else, and
+per operation through shared memory (:mod:`.algorithms`) and everything else, and
 every smaller message, through MPI as before. :func:`cpu_communicator` is what the group
 layer calls for the "mpi" backend's CPU arrays: it picks this class when the group has
 two or more ranks, all on one node, and ``HPCCOMM_SHM`` is not ``0``; a group that spans
-nodes with two or more of its ranks on each gets :mod:`.shm_hier`'s hierarchical
+nodes with two or more of its ranks on each gets :mod:`.hier`'s hierarchical
 all_reduce; otherwise the plain MPI communicator.
 
 Operations return ``(test, finish, keep)`` like every host-side backend: ``test()``
@@ -39,18 +39,19 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .. import settings
-from ..errors import DistBackendError
-from ..types import RedOpType, Tag
-from .. import work as _work
-from ..work import Started
-from . import mpi as _mpi_backend
-from .mpi import MPICommunicator
-from . import mpi_ft, placement, shm_cma, shm_hier, shm_pair, shm_segment
-from .shm_algorithms import (AllGather, AllReduce, Broadcast, Collective, ReduceScatter,
-                             chunks, descriptor, pair_run, tag_of)
-from .shm_reduce import Reducer
-from .shm_segment import Segment, rendezvous
+from ... import settings
+from ...errors import DistBackendError
+from ...types import RedOpType, Tag
+from ... import work as _work
+from ...work import Started
+from ..mpi import communicator as _mpi_backend
+from ..mpi.communicator import MPICommunicator
+from ..mpi import ft as mpi_ft, placement
+from . import cma as shm_cma, hier as shm_hier, pair as shm_pair, segment as shm_segment
+from .algorithms import (AllGather, AllReduce, Broadcast, Collective, ReduceScatter,
+                         KERNEL_LAYOUT, chunks, descriptor, tag_of)
+from .reduce import Reducer
+from .segment import Segment, rendezvous
 
 #: Smallest message (bytes) per operation that goes through shared memory by default,
 #: from the interleaved runs in docs/performance.md: all_reduce in NumPy steps is faster than MPI from
@@ -110,7 +111,7 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     need = 2 * SLOTS * piece * comm.Get_size() * comm.Get_size()
     fits = enabled() and shm_segment.available() and shm_segment.space_ok(need)
     if node.allreduce(fits, op=MPI.LAND):
-        kernel = node.allreduce(pair_run is not None, op=MPI.LAND)  # used by all or none
+        kernel = node.allreduce(shm_pair.available(), op=MPI.LAND)  # used by all or none
         forced = settings.SHM_MIN_BYTES.get()
         defaults = dict(DEFAULT_MIN_BYTES)
         if placement.crowded(node):  # the node's CPUs together, not this rank's mask
@@ -129,7 +130,7 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
 
 def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunicator:
     """The communicator of a group that spans nodes: hierarchical all_reduce
-    (:mod:`.shm_hier`) when every node holds the same number, at least two, of its
+    (:mod:`.hier`) when every node holds the same number, at least two, of its
     ranks and each can share memory; plain MPI otherwise. Collective over ``comm``."""
     local_size = node.Get_size()
     piece = _piece_bytes(settings.SHM_CHUNK.get(), local_size)
@@ -140,7 +141,7 @@ def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunic
             min(n for n, _ in sizes) == max(n for n, _ in sizes)):
         node.Free()
         return MPICommunicator(comm, timeout)
-    kernel = node.allreduce(pair_run is not None, op=MPI.LAND)
+    kernel = node.allreduce(shm_pair.available(), op=MPI.LAND)
     forced = settings.SHM_MIN_BYTES.get()
     default = NEVER if placement.crowded(comm) else shm_hier.DEFAULT_MIN_BYTES
     piece, min_bytes = comm.bcast((piece, forced or default))
@@ -191,10 +192,10 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.slots = SLOTS
         self.ring = Segment(node, self.slots * self.slot_bytes)
         self.words, self.regions = self.ring.words, self.ring.regions
-        #: The fixed arguments of the pair kernel (:mod:`.shm_pair`) at two ranks, else None.
-        self.pair_args = (shm_pair.communicator_args(self.rank, self.slots, self.slot_bytes,
-                                                     self.regions, self.words)
-                          if self.size == 2 and kernel else None)
+        #: The C kernel of this two-rank communicator (:mod:`.pair`), else None.
+        self.pair_kernel = (shm_pair.bind(self.rank, self.slots, self.slot_bytes,
+                                          self.regions, self.words, KERNEL_LAYOUT)
+                            if self.size == 2 and kernel else None)
         #: Held while the kernel runs an operation of this communicator (GIL released):
         #: threads waiting on one Work must not run its steps twice.
         self.kernel_lock = threading.Lock()
@@ -203,7 +204,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.kernel_types: Dict[int, tuple] = {}
         #: Bytes from which MPI's own direct form stops (a gate starts, say).
         self.mpi_direct_below = self.direct_below
-        if self.pair_args is not None:
+        if self.pair_kernel is not None:
             for dtype, handle in self.direct_types.items():
                 kind = shm_pair.kind_of(np.dtype(dtype))
                 if kind is not None:
@@ -316,7 +317,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         flat = buf.reshape(-1)
         reducer = self._reducer(buf.dtype, kind, factor)
         kernel = None
-        if self.pair_args is not None and kind is RedOpType.SUM and reducer.simple:
+        if self.pair_kernel is not None and kind is RedOpType.SUM and reducer.simple:
             found = shm_pair.kind_of(flat.dtype)
             if found is not None and chunks(flat.size, 2, AllReduce.kernel_chunk(
                     flat.itemsize, self.piece_bytes)) < shm_pair.MAX_CHUNKS:
@@ -354,10 +355,10 @@ class SharedMemoryCommunicator(MPICommunicator):
         k0, seq = self.chunks, self.ops + 1
         self.chunks, self.ops = k0 + nch, seq
         slice_s = shm_pair.SLICE_S if limit is None else min(shm_pair.SLICE_S, limit)
-        result = pair_run(address, count * reals, code, per_chunk * reals,
-                          -(-count // 2) * reals, nch, k0,
-                          descriptor(seq, tag_of(AllReduce.code, nbytes, dtype)), 0, 0, 0,
-                          slice_s, _work.spin_yield_every(), *self.pair_args)
+        result = self.pair_kernel.run(address, count * reals, code, per_chunk * reals,
+                                      -(-count // 2) * reals, nch, k0,
+                                      descriptor(seq, tag_of(AllReduce.code, nbytes, dtype)),
+                                      0, 0, 0, slice_s, _work.spin_yield_every())
         if result >= 0 and shm_pair.unpack(result)[2] == nch:
             return None
         # still running: the state machine takes it over where the kernel left it

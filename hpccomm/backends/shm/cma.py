@@ -22,7 +22,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import settings
+from ... import settings
 
 
 class _IOVec(ctypes.Structure):

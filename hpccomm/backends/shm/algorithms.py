@@ -4,7 +4,7 @@ Each operation is cut into *chunks* that stay in cache. Chunks are numbered by o
 counter per communicator that every rank advances alike, so chunk ``g`` of any
 operation uses ring slot ``g % slots`` of its writer's region, and a counter value
 ``g + 1`` means "done with chunk ``g``" whatever operation it belonged to. Per rank and
-chunk, three single-writer counters (see :mod:`.shm_segment`):
+chunk, three single-writer counters (see :mod:`.segment`):
 
 * ``STAGED``: this rank has copied its inputs for chunk ``g`` into its ring slot;
 * ``REDUCED``: this rank has put the result of its own part of chunk ``g`` where the
@@ -35,11 +35,11 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import DistBackendError
-from . import shm_cma as cma
-from . import shm_pair
-from .shm_reduce import Reducer
-from .shm_segment import CONSUMED, ENTER, OFFSET, REDUCED, SEGMENT, STAGED
+from ...errors import DistBackendError
+from . import cma
+from . import pair as shm_pair
+from .reduce import Reducer
+from .segment import CONSUMED, ENTER, OFFSET, REDUCED, SEGMENT, STAGED
 
 #: Chunks a rank may stage ahead of the ones it has finished (keeps them in cache).
 LOOKAHEAD = 2
@@ -47,8 +47,9 @@ _TAG_BITS = 20
 _TAG_MASK = (1 << _TAG_BITS) - 1
 _ZC_BIT = 1 << _TAG_BITS
 _SEQ_SHIFT = _TAG_BITS + 1
-#: The C kernel of pair mode (:mod:`.shm_pair`), or None.
-pair_run = shm_pair.load(STAGED, REDUCED, CONSUMED, ENTER, _SEQ_SHIFT, _TAG_MASK, LOOKAHEAD)
+#: What the C kernel of pair mode (:mod:`.pair`) must know of the control block.
+KERNEL_LAYOUT = dict(staged=STAGED, reduced=REDUCED, consumed=CONSUMED, enter=ENTER,
+                     seq_shift=_SEQ_SHIFT, tag_mask=_TAG_MASK, lookahead=LOOKAHEAD)
 
 
 def tag_of(code: int, total_bytes: int, dtype: Any) -> int:
@@ -255,8 +256,8 @@ class AllReduce(Collective):
         size = ctx.size
         self.flat = flat
         self.reducer = reducer
-        #: (kind, reals) for the C kernel at two ranks (:mod:`.shm_pair`), else None.
-        self.kernel = kernel if pair_run is not None else None
+        #: (kind, reals) for the C kernel at two ranks (:mod:`.pair`), else None.
+        self.kernel = kernel if ctx.pair_kernel is not None else None
         self.kernel_args: Optional[tuple] = None
         self.bounds = split(flat.size, size)
         self.ce = (self.kernel_chunk(flat.itemsize, ctx.piece_bytes) if self.kernel
@@ -370,8 +371,8 @@ class AllReduce(Collective):
         args, lock = self.kernel_args, self.ctx.kernel_lock
         if args is not None and self.g < self.nch and lock.acquire(False):
             try:  # one thread at a time: the kernel runs without the GIL
-                self.r, self.s, self.g = shm_pair.unpack(pair_run(
-                    *args, self.r, self.s, self.g, slice_s, yield_every, *self.ctx.pair_args))
+                self.r, self.s, self.g = shm_pair.unpack(self.ctx.pair_kernel.run(
+                    *args, self.r, self.s, self.g, slice_s, yield_every))
             finally:
                 lock.release()
 
@@ -381,8 +382,8 @@ class AllReduce(Collective):
             lock = self.ctx.kernel_lock
             if lock.acquire(False):  # else another thread runs the kernel on it now
                 try:
-                    self.r, self.s, self.g = shm_pair.unpack(pair_run(
-                        *args, self.r, self.s, self.g, 0.0, 0, *self.ctx.pair_args))
+                    self.r, self.s, self.g = shm_pair.unpack(self.ctx.pair_kernel.run(
+                        *args, self.r, self.s, self.g, 0.0, 0))
                 finally:
                     lock.release()
             return self.g == self.nch
