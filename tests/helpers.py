@@ -20,6 +20,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 
 
+#: torch's launch variables (torchrun, env://): a job that must find its own rank and
+#: rendezvous does not inherit them from the test process.
+TORCH_LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT")
+
+
+def job_env(env: Dict[str, object], clean: Sequence[str] = ()) -> Dict[str, str]:
+    """The environment of a job a test starts: this process's, updated with ``env``
+    (values made strings), without the variables of ``clean`` that ``env`` does not set."""
+    full = dict(os.environ, **{name: str(value) for name, value in env.items()})
+    for name in clean:
+        if name not in env:
+            full.pop(name, None)
+    return full
+
+
 class Job(NamedTuple):
     code: int       # mpiexec's exit status
     output: str     # stdout and stderr of every rank, together
@@ -32,10 +48,7 @@ def run_case(script: str, case: str, n: int, limit: float = 90, clean: Sequence[
     ``limit`` seconds. ``env``: variables for the job (values made strings); ``clean``:
     variables of this process's environment the job must not inherit unless ``env``
     sets them (a suite run at a debug level must not change what a case sees)."""
-    full = dict(os.environ, **{name: str(value) for name, value in env.items()})
-    for name in clean:
-        if name not in env:
-            full.pop(name, None)
+    full = job_env(env, clean)
     start = time.monotonic()
     done = subprocess.run([mpiexec(), *mpiexec_args, "-n", str(n), sys.executable,
                            os.path.join(SCRIPTS, script), case], cwd=ROOT, env=full,

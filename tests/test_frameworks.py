@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from helpers import TORCH_LAUNCH, job_env
 from launcher_env import mpiexec
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'hpccomm[torch]'); "
@@ -34,16 +35,8 @@ CASES = {
 }
 
 
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT")}
-    env.update(extra)
-    return env
-
-
 def launch(command):
-    done = subprocess.run(command, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+    done = subprocess.run(command, cwd=ROOT, env=job_env({}, TORCH_LAUNCH), capture_output=True, text=True,
                           timeout=LIMIT)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
@@ -134,6 +127,6 @@ def test_torch_mpi_backend_script_runs_unchanged(n, tmp_path):
 def test_without_hpccomm_torch_the_script_gets_torch_s_own_error(tmp_path):
     script = os.path.join(ROOT, "examples", "torch_mpi_backend.py")
     done = subprocess.run([mpiexec(), "-n", "1", sys.executable, script], cwd=ROOT,
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
+                          env=job_env({}, TORCH_LAUNCH), capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "Distributed package doesn't have MPI built in" in done.stdout + done.stderr

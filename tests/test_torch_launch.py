@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from helpers import TORCH_LAUNCH, job_env, result_lines
 from launcher_env import mpiexec
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'hpccomm[torch]'); "
@@ -21,24 +22,12 @@ CASE = os.path.join(ROOT, "tests", "scripts", "torch_case.py")
 
 
 def run(args, n=None, limit=120, **env):
-    full = dict(os.environ, **{k: str(v) for k, v in env.items()})
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        if name not in env:
-            full.pop(name, None)
+    """``python args`` (under ``mpiexec -n n`` if ``n``): its exit status and output.
+    torch's launch variables reach it only when ``env`` sets them."""
     cmd = ([mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + list(args)
-    done = subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True,
-                          timeout=limit)
+    done = subprocess.run(cmd, cwd=ROOT, env=job_env(env, TORCH_LAUNCH), capture_output=True,
+                          text=True, timeout=limit)
     return done.returncode, done.stdout + done.stderr
-
-
-def results(output):
-    """``[(rank, fields)]`` of the ``RESULT rank=R key=value...`` lines (error= is last)."""
-    found = []
-    for line in output.splitlines():
-        if line.startswith("RESULT "):
-            rank = int(re.search(r"rank=(\d+)", line).group(1))
-            found.append((rank, dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", line[7:]))))
-    return found
 
 
 def free_port():
@@ -76,7 +65,7 @@ def test_import_registers_backend_and_rendezvous():
 def test_env_init_with_renumbered_ranks():
     code, output = run([CASE, "env_init"], n=2, MASTER_PORT=free_port())
     assert code == 0, output
-    found = results(output)
+    found = result_lines(output)
     assert sorted(rank for rank, _ in found) == [0, 1], output
     assert sorted(fields["mpi_rank"] for _, fields in found) == ["0", "1"], output
 
@@ -84,18 +73,18 @@ def test_env_init_with_renumbered_ranks():
 def test_reinit_after_destroy():
     code, output = run([CASE, "reinit"], n=2)
     assert code == 0, output
-    assert len(results(output)) == 2, output
+    assert len(result_lines(output)) == 2, output
 
 
 def test_mixed_cpu_hpccomm_cuda_nccl():
     code, output = run([CASE, "mixed_backend"], n=2)
     assert code == 0, output
-    assert len(results(output)) == 2, output
+    assert len(result_lines(output)) == 2, output
 
 
 def test_world_that_is_not_the_mpi_job_is_refused():
     code, output = run([CASE, "wrong_world_size"])
-    found = results(output)
+    found = result_lines(output)
     assert found, output
     error = found[0][1]["error"]
     assert "torch's world has 2 processes but MPI's has 1" in error, output
@@ -105,7 +94,7 @@ def test_world_that_is_not_the_mpi_job_is_refused():
 def test_below_thread_multiple_warns_and_still_completes_futures():
     code, output = run([CASE, "thread_serialized"], n=2, MASTER_PORT=free_port())
     assert code == 0, output
-    found = results(output)
+    found = result_lines(output)
     assert len(found) == 2 and all(f["warned"] == "True" for _, f in found), output
 
 
@@ -113,7 +102,7 @@ def test_below_thread_multiple_warns_and_still_completes_futures():
 def test_every_kind_of_wait_times_out_naming_the_operation():
     code, output = run([CASE, "timeouts"], n=2)
     assert code == 0, output
-    found = {fields["case"]: fields for rank, fields in results(output)}
+    found = {fields["case"]: fields for rank, fields in result_lines(output)}
     assert set(found) == {"sync_all_reduce", "future_wait", "work_wait_timeout",
                           "barrier_opts_timeout", "monitored"}, output
     for case, fields in found.items():

@@ -105,6 +105,7 @@ def test_a_torch_whose_helper_changed_keeps_its_own_behaviour(uninstalled, monke
 def test_translate(given, expected):
     assert mpi_backend.translate(given) == expected
     assert mpi_backend.mentions_mpi(given) == (expected != given.lower())
+    assert mpi_backend.translate(expected, "hpccomm", "mpi") == given.lower()  # and back
 
 
 def test_other_backends_pass_through_unchanged():

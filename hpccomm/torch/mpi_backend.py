@@ -126,16 +126,17 @@ def mentions_mpi(backend: Any) -> bool:
                                 for item in text.split(",") if ":" in item)
 
 
-def translate(backend: Any) -> str:
-    """The same backend string with hpccomm's registered name where it says ``"mpi"``:
-    ``"mpi"`` -> ``"hpccomm"``, ``"cpu:mpi,cuda:nccl"`` -> ``"cpu:hpccomm,cuda:nccl"``."""
+def translate(backend: Any, name: str = "mpi", to: str = _OWN) -> str:
+    """The same backend string with ``to`` where it names backend ``name``: by default
+    ``"mpi"`` -> ``"hpccomm"``, ``"cpu:mpi,cuda:nccl"`` -> ``"cpu:hpccomm,cuda:nccl"``;
+    ``translate(config, _OWN, "mpi")`` turns a group's config back."""
     text = str(backend).lower()
     if ":" not in text:
-        return _OWN if text == "mpi" else text
+        return to if text == name else text
     parts = []
     for item in text.split(","):
-        device, _, name = item.partition(":")
-        parts.append(f"{device}:{_OWN if name.strip() == 'mpi' else name}")
+        device, _, given = item.partition(":")
+        parts.append(f"{device}:{to if given.strip() == name else given}")
     return ",".join(parts)
 
 
@@ -155,16 +156,10 @@ def _make_group(helper: Callable[..., Any], signature: inspect.Signature,
         c10d._world.pg_map[pg] = (c10d.Backend(str(backend)), store)
         config = c10d._world.pg_backend_config.get(pg)
         if config is not None:
-            c10d._world.pg_backend_config[pg] = _untranslate(config)
+            c10d._world.pg_backend_config[pg] = translate(config, _OWN, "mpi")
         if hasattr(pg, "backend_name"):
             pg.backend_name = "mpi"
     return pg, store
-
-
-def _untranslate(config: str) -> str:
-    return ",".join(f"{device}:{'mpi' if name == _OWN else name}"
-                    for device, _, name in (item.partition(":")
-                                            for item in config.split(",")))
 
 
 def _default_group_store(arguments: Dict[str, Any]) -> None:
