@@ -296,7 +296,8 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
 def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: int,
                  datatype: int, timeout: Optional[float], arr: Any, keep: Any) -> bool:
     """A synchronous in-place SUM all-reduce of ``count`` elements at ``address`` in the
-    backend's direct form (:meth:`~hpccomm.backends.mpi.communicator.MPICommunicator.sum_in_place_at`),
+    backend's direct form
+    (:meth:`~hpccomm.backends.mpi.communicator.MPICommunicator.sum_in_place_at`),
     the caller having checked the buffer (contiguous, on the CPU, ``datatype`` from the
     backend's ``direct_types``) and keeping it alive. ``True`` once done; ``False``, with
     nothing started, where only the general path (:func:`launch`) applies: ``nbytes``

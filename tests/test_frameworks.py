@@ -36,8 +36,8 @@ CASES = {
 
 
 def launch(command):
-    done = subprocess.run(command, cwd=ROOT, env=job_env({}, TORCH_LAUNCH), capture_output=True, text=True,
-                          timeout=LIMIT)
+    done = subprocess.run(command, cwd=ROOT, env=job_env({}, TORCH_LAUNCH),
+                          capture_output=True, text=True, timeout=LIMIT)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     return output
@@ -127,6 +127,7 @@ def test_torch_mpi_backend_script_runs_unchanged(n, tmp_path):
 def test_without_hpccomm_torch_the_script_gets_torch_s_own_error(tmp_path):
     script = os.path.join(ROOT, "examples", "torch_mpi_backend.py")
     done = subprocess.run([mpiexec(), "-n", "1", sys.executable, script], cwd=ROOT,
-                          env=job_env({}, TORCH_LAUNCH), capture_output=True, text=True, timeout=120)
+                          env=job_env({}, TORCH_LAUNCH), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode != 0
     assert "Distributed package doesn't have MPI built in" in done.stdout + done.stderr
