@@ -35,8 +35,13 @@ send/recv is a ping-pong in pairs (0,1), (2,3)...; its time is half the round tr
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -255,7 +260,9 @@ def batch_time(comm: Any, fn: Callable[[], Any], inner: int) -> float:
 
 
 def measure(comm: Any, fns: Dict[str, Callable[[], Any]], nbytes: int, budget: float = 0.5,
-            batch: float = 5e-4, min_rounds: int = 7, max_rounds: int = 100
+            batch: float = 5e-4, min_rounds: int = 7, max_rounds: int = 100,
+            preset: Optional[Dict[str, int]] = None,
+            samples_out: Optional[Dict[str, List[float]]] = None
             ) -> Tuple[Dict[str, int], int, Dict[str, float], Dict[str, float]]:
     """``(batch length per variant, rounds, median s, best s)``, maximum over ranks.
 
@@ -263,15 +270,18 @@ def measure(comm: Any, fns: Dict[str, Callable[[], Any]], nbytes: int, budget: f
     the same barrier skew), gloo gets its own; batches last ``batch`` seconds, and at
     least 20 operations up to 1 MiB so a disturbed calibration cannot leave barrier skew
     unamortized. As many rounds as fit ``budget`` seconds, within the bounds.
+    ``preset`` gives batch lengths decided elsewhere (another job of the same
+    comparison: :func:`alternate`); ``samples_out`` receives every round's sample per
+    variant (seconds, maximum over ranks), to be merged with other jobs'.
     """
     from mpi4py import MPI
 
     for fn in fns.values():  # warm-up: registration, first touch, caches
         for _ in range(3):
             fn()
-    inner: Dict[str, int] = {}
+    inner: Dict[str, int] = {v: int(n) for v, n in (preset or {}).items() if v in fns}
     for v in ("mpi4py", "gloo"):
-        if v not in fns:
+        if v not in fns or v in inner:
             continue
         one = comm.allreduce(min(batch_time(comm, fns[v], 10) for _ in range(3)), op=MPI.MAX)
         inner[v] = max(1, min(5000, int(batch / max(one, 1e-9))))
@@ -296,6 +306,8 @@ def measure(comm: Any, fns: Dict[str, Callable[[], Any]], nbytes: int, budget: f
         worst = np.empty_like(samples[v])
         comm.Allreduce(samples[v], worst, op=MPI.MAX)
         median[v], best[v] = float(np.median(worst)), float(np.min(worst))
+        if samples_out is not None:
+            samples_out[v] = worst.tolist()
     return inner, rounds, median, best
 
 
@@ -349,57 +361,201 @@ def parse_size(text: str) -> int:
 
 
 def run(ops: Sequence[str], sizes: Sequence[int], td: Any = None, budget: float = 0.5,
-        report: Optional[Callable[[Dict[str, Any]], None]] = None) -> List[Dict[str, Any]]:
+        report: Optional[Callable[[Dict[str, Any]], None]] = None, raw_only: bool = False,
+        preset: Optional[Dict[str, Dict[str, int]]] = None,
+        cells_out: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
     """Measure every (op, size); one row per cell (times in µs, bandwidths in GB/s).
 
     Collective over ``MPI.COMM_WORLD``; initializes hpccomm if needed. ``td`` is an
     initialized ``torch.distributed`` (gloo) to compare with, or ``None``. ``report(row)``
-    is called on every rank as each row is done.
+    is called on every rank as each row is done. ``raw_only``: mpi4py's blocking call
+    alone, without initializing hpccomm (the job at another thread level). ``preset``
+    (:func:`cell_key` -> batch lengths) and ``cells_out`` (one :func:`cell_record` per
+    cell appended) serve :func:`alternate`.
     """
     from mpi4py import MPI
 
     from .init import init_process_group, is_initialized
 
-    if not is_initialized():
+    if not raw_only and not is_initialized():
         init_process_group()
     comm = MPI.COMM_WORLD.Dup()
     gloo = td is not None
-    plain, arena = shm_setup(comm, ops, sizes)
+    plain, arena = (None, None) if raw_only else shm_setup(comm, ops, sizes)
     rows = []
     for op in ops:
         for nbytes in sizes:
             actual, fns, keep = make_case(op, nbytes, comm, td, plain, arena)
-            variants = [v for v in VARIANTS + SHM_VARIANTS
-                        if v in fns and (gloo or v != "gloo")]
+            variants = ["mpi4py"] if raw_only else [
+                v for v in VARIANTS + SHM_VARIANTS if v in fns and (gloo or v != "gloo")]
+            samples: Dict[str, List[float]] = {}
             inner, rounds, median, best = measure(
-                comm, {v: fns[v] for v in variants}, nbytes, budget)
+                comm, {v: fns[v] for v in variants}, nbytes, budget,
+                preset=(preset or {}).get(cell_key(op, nbytes)), samples_out=samples)
             del keep
-            row: Dict[str, Any] = dict(op=op, ranks=comm.size, bytes=actual, rounds=rounds,
-                                       inner="/".join(str(inner[v]) for v in variants))
-            for v in variants:
-                row[f"{v}_us"] = median[v] * 1e6
-            for v in variants:
-                row[f"{v}_min_us"] = best[v] * 1e6
-            for v in variants:
-                algbw = actual / median[v] / 1e9
-                row[f"{v}_algbw_GBs"] = algbw
-                row[f"{v}_busbw_GBs"] = algbw * BUS_FACTOR[op](comm.size)
-            row["hpccomm_over_mpi4py_bw"] = median["mpi4py"] / median["hpccomm"]
-            row["hpccomm_async_over_mpi4py_bw"] = median["mpi4py"] / median["hpccomm_async"]
-            if gloo:
-                row["gloo_over_hpccomm_time"] = median["gloo"] / median["hpccomm"]
-            if "hpccomm_noshm" in median:
-                row["noshm_over_mpi4py_bw"] = median["mpi4py"] / median["hpccomm_noshm"]
-            if "hpccomm_window" in median:
-                row["window_over_mpi4py_bw"] = median["mpi4py"] / median["hpccomm_window"]
-            if "ceiling" in median:
-                row["window_of_ceiling"] = median["ceiling"] / median["hpccomm_window"]
-                row["hpccomm_of_ceiling"] = median["ceiling"] / median["hpccomm"]
+            if cells_out is not None:
+                cells_out.append(dict(op=op, requested=nbytes, bytes=actual, inner=inner,
+                                      samples=samples, loadavg=os.getloadavg()[0]))
+            row = make_row(op, comm.size, actual, rounds, variants, inner, median, best)
             rows.append(row)
             if report is not None:
                 report(row)
     comm.Free()
     return rows
+
+
+def cell_key(op: str, nbytes: int) -> str:
+    """How a job's file names one (operation, requested size) cell."""
+    return f"{op}/{nbytes}"
+
+
+def make_row(op: str, ranks: int, nbytes: int, rounds: int, variants: Sequence[str],
+             inner: Dict[str, int], median: Dict[str, float], best: Dict[str, float]
+             ) -> Dict[str, Any]:
+    """One row of results (times in µs, bandwidths in GB/s, ratios) from the median and
+    best seconds per variant; the ratios of variants not measured are left out."""
+    row: Dict[str, Any] = dict(op=op, ranks=ranks, bytes=nbytes, rounds=rounds,
+                               inner="/".join(str(inner[v]) for v in variants))
+    for v in variants:
+        row[f"{v}_us"] = median[v] * 1e6
+    for v in variants:
+        row[f"{v}_min_us"] = best[v] * 1e6
+    for v in variants:
+        algbw = nbytes / median[v] / 1e9
+        row[f"{v}_algbw_GBs"] = algbw
+        row[f"{v}_busbw_GBs"] = algbw * BUS_FACTOR[op](ranks)
+    ratios = (("hpccomm_over_mpi4py_bw", "mpi4py", "hpccomm"),
+              ("hpccomm_async_over_mpi4py_bw", "mpi4py", "hpccomm_async"),
+              ("gloo_over_hpccomm_time", "gloo", "hpccomm"),
+              ("noshm_over_mpi4py_bw", "mpi4py", "hpccomm_noshm"),
+              ("window_over_mpi4py_bw", "mpi4py", "hpccomm_window"),
+              ("window_of_ceiling", "ceiling", "hpccomm_window"),
+              ("hpccomm_of_ceiling", "ceiling", "hpccomm"),
+              (f"hpccomm_over_{SERIALIZED}_bw", SERIALIZED, "hpccomm"),
+              (f"mpi4py_over_{SERIALIZED}_bw", SERIALIZED, "mpi4py"))
+    for key, top, bottom in ratios:
+        if top in median and bottom in median:
+            row[key] = median[top] / median[bottom]
+    return row
+
+
+# -- two thread levels: jobs alternated by a driver that never initializes MPI -------------
+#: The variant measured by the second job: mpi4py's blocking call at MPI_THREAD_SERIALIZED.
+SERIALIZED = "mpi4py_serialized"
+#: mpi4py's names of the MPI thread levels, lowest first (``mpi4py.rc.thread_level``).
+THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
+
+
+def thread_level_name() -> str:
+    """The thread level MPI was initialized with, by mpi4py's name."""
+    from mpi4py import MPI
+
+    level = MPI.Query_thread()
+    return THREAD_LEVELS[level] if 0 <= level < len(THREAD_LEVELS) else str(level)
+
+
+def write_job(path: str, comm: Any, cells: List[Dict[str, Any]], raw_only: bool) -> None:
+    """Rank 0 writes one job's raw samples (JSON) for :func:`merge`."""
+    from mpi4py import MPI
+
+    from ._version import __version__
+
+    if comm.rank != 0:
+        return
+    vendor, version = MPI.get_vendor()
+    job = dict(ranks=comm.size, vendor=vendor, version=".".join(map(str, version)),
+               hpccomm=__version__, thread_level=thread_level_name(), raw_only=raw_only,
+               cells=cells)
+    with open(path, "w") as f:
+        json.dump(job, f)
+
+
+def read_job(path: str) -> Dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def batch_lengths(job: Dict[str, Any]) -> Dict[str, Dict[str, int]]:
+    """A job's batch lengths per cell, the ``preset`` of the jobs after it."""
+    return {cell_key(c["op"], c["requested"]): c["inner"] for c in job["cells"]}
+
+
+def merge(jobs: Sequence[Dict[str, Any]], serialized: Sequence[Dict[str, Any]] = ()
+          ) -> List[Dict[str, Any]]:
+    """Rows (:func:`make_row`) from several jobs' samples: ``jobs`` of every variant and
+    ``serialized`` jobs of mpi4py alone at MPI_THREAD_SERIALIZED, whose ``mpi4py``
+    becomes :data:`SERIALIZED`. Per variant, the median and the best over the rounds of
+    all jobs together; ``rounds`` counts the first kind's rounds, ``loadavg`` is their
+    jobs' mean."""
+    rows = []
+    for cell in jobs[0]["cells"]:
+        key = cell_key(cell["op"], cell["requested"])
+        pooled: Dict[str, List[float]] = {}
+        loads = []
+        for job in jobs:
+            same = next(c for c in job["cells"] if cell_key(c["op"], c["requested"]) == key)
+            loads.append(same["loadavg"])
+            for v, values in same["samples"].items():
+                pooled.setdefault(v, []).extend(values)
+        inner = dict(cell["inner"])
+        rounds = len(pooled["mpi4py"])
+        for job in serialized:
+            same = next(c for c in job["cells"] if cell_key(c["op"], c["requested"]) == key)
+            pooled.setdefault(SERIALIZED, []).extend(same["samples"]["mpi4py"])
+            inner[SERIALIZED] = same["inner"]["mpi4py"]
+        median = {v: float(np.median(s)) for v, s in pooled.items()}
+        best = {v: float(np.min(s)) for v, s in pooled.items()}
+        variants = [v for v in VARIANTS + SHM_VARIANTS + [SERIALIZED] if v in pooled]
+        row = make_row(cell["op"], jobs[0]["ranks"], cell["bytes"], rounds, variants, inner,
+                       median, best)
+        if SERIALIZED in pooled:
+            row[f"{SERIALIZED}_rounds"] = len(pooled[SERIALIZED])
+        row["loadavg"] = round(sum(loads) / len(loads), 2)
+        rows.append(row)
+    return rows
+
+
+def job_commands(first: Sequence[str], second: Sequence[str], folder: str, repeats: int,
+                 launch_command: Callable[[List[str]], List[str]]
+                 ) -> List[Tuple[str, List[str], str]]:
+    """``(kind, command, samples file)`` of every job :func:`alternate` runs, in order:
+    ``repeats`` pairs of ``first`` (``"a"``: every variant at the default thread level)
+    then ``second`` (``"b"``: mpi4py alone at MPI_THREAD_SERIALIZED). Both are argument
+    lists of a job that takes ``--samples-out`` and ``--inner-from``; every job after the
+    first reuses the first's batch lengths."""
+    out = []
+    calibrated = os.path.join(folder, "a0.json")
+    for r in range(repeats):
+        for kind, words in (("a", first), ("b", second)):
+            path = os.path.join(folder, f"{kind}{r}.json")
+            extra = ["--samples-out", path] + ([] if path == calibrated else
+                                               ["--inner-from", calibrated])
+            out.append((kind, launch_command([*words, *extra]), path))
+    return out
+
+
+def alternate(first: Sequence[str], second: Sequence[str], repeats: int,
+              launch_command: Callable[[List[str]], List[str]], timeout: Optional[float] = None
+              ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Run the jobs of :func:`job_commands` one after another (never two at once: they
+    would share the cores) and return ``(first's jobs, second's jobs)`` as read by
+    :func:`read_job`. A process has one MPI thread level, so comparing two needs two
+    jobs; alternating them in rounds spreads a change of the machine's load over both.
+    Raises ``RuntimeError`` when a job fails. Never initializes MPI."""
+    found: Dict[str, List[Dict[str, Any]]] = {"a": [], "b": []}
+    with tempfile.TemporaryDirectory(prefix="hpccomm-bench-") as folder:
+        commands = job_commands(first, second, folder, repeats, launch_command)
+        for index, (kind, command, path) in enumerate(commands, 1):
+            t0 = time.perf_counter()
+            done = subprocess.run(command, timeout=timeout)
+            if done.returncode != 0 or not os.path.exists(path):
+                raise RuntimeError(f"job {index} of {len(commands)} failed (exit status "
+                                   f"{done.returncode}): {shlex.join(command)}")
+            found[kind].append(read_job(path))
+            print(f"# job {index}/{len(commands)} ({found[kind][-1]['thread_level']}"
+                  f"{', mpi4py alone' if kind == 'b' else ''}) took "
+                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return found["a"], found["b"]
 
 
 def shm_setup(comm: Any, ops: Sequence[str], sizes: Sequence[int]
@@ -435,6 +591,10 @@ def format_row(row: Dict[str, Any]) -> str:
         cells.append(f"{row[f'{v}_us']:10.2f}" if f"{v}_us" in row else f"{'-':>10s}")
     for key in ("noshm_over_mpi4py_bw", "window_of_ceiling"):
         cells.append(f"{row[key]:8.3f}" if key in row else f"{'-':>8s}")
+    key = f"{SERIALIZED}_us"
+    cells.append(f"{row[key]:10.2f}" if key in row else f"{'-':>10s}")
+    for key in (f"hpccomm_over_{SERIALIZED}_bw", f"mpi4py_over_{SERIALIZED}_bw"):
+        cells.append(f"{row[key]:8.3f}" if key in row else f"{'-':>8s}")
     return " ".join(cells)
 
 
@@ -445,9 +605,12 @@ def header(gloo: bool) -> str:
     shm_tail = ["=0/mpi bw", "win/ceil"]
     return " ".join([f"{'operation':22s}", f"{'size':>8s}"] + [f"{n:>10s}" for n in names] +
                     [f"{t:>8s}" for t in tail] + [f"{n:>10s}" for n in shm] +
-                    [f"{t:>8s}" for t in shm_tail]) + "\n" + " " * 32 + \
-        "(median µs per operation; SHM=0: hpccomm through MPI alone; window: arrays from " \
-        "hpccomm.shm.empty; ceiling: the memory traffic alone)"
+                    [f"{t:>8s}" for t in shm_tail] + [f"{'mpi4py ser':>10s}"] +
+                    [f"{t:>8s}" for t in ("hp/ser bw", "mpi/ser bw")]) + "\n" + " " * 32 + \
+        "(median µs per operation; mpi4py, mpi4py nb: at this job's MPI thread level; " \
+        "SHM=0: hpccomm through MPI alone; window: arrays from hpccomm.shm.empty; " \
+        "ceiling: the memory traffic alone; mpi4py ser: mpi4py's blocking call in a " \
+        "second job at MPI_THREAD_SERIALIZED)"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -464,6 +627,18 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds of measuring per (operation, size); default 0.5")
     p.add_argument("--gloo", action="store_true",
                    help="also measure torch.distributed's gloo backend (needs torch)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="hpccomm bench: pairs of jobs, one at mpi4py's default thread level "
+                        "(every variant), one of mpi4py alone at MPI_THREAD_SERIALIZED, "
+                        "alternated; each gets BUDGET/REPEATS; default 3")
+    p.add_argument("--no-serialized", action="store_true",
+                   help="hpccomm bench: one job, without the MPI_THREAD_SERIALIZED column")
+    # what one job of the alternation is told (alternate() passes them)
+    p.add_argument("--raw-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--thread-level", choices=THREAD_LEVELS, default=None,
+                   help=argparse.SUPPRESS)
+    p.add_argument("--samples-out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--inner-from", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -479,14 +654,50 @@ def options(args: argparse.Namespace) -> Tuple[List[str], List[int]]:
     return ops, sizes
 
 
+def job_words(args: argparse.Namespace, raw_only: bool = False) -> List[str]:
+    """``-m hpccomm.bench`` and the options of one job of the alternation (each job
+    measures for ``budget / repeats``)."""
+    budget = args.budget / max(1, args.repeats)
+    words = ["-m", "hpccomm.bench", "--ops", args.ops, "--sizes", args.sizes,
+             "--budget", f"{budget:g}"]
+    if raw_only:
+        return words + ["--raw-only", "--thread-level", "serialized"]
+    return words + (["--gloo"] if args.gloo else [])
+
+
+def drive(args: argparse.Namespace, launch_command: Callable[[List[str]], List[str]]) -> int:
+    """``hpccomm bench``: alternate the two jobs (:func:`alternate`), print the merged
+    table. Runs in the launching process, which never initializes MPI."""
+    try:
+        first, second = alternate(job_words(args), job_words(args, raw_only=True),
+                                  max(1, args.repeats), launch_command)
+    except RuntimeError as exc:
+        print(f"hpccomm bench: {exc}", file=sys.stderr)
+        return 1
+    job = first[0]
+    print(f"# {job['ranks']} ranks; {job['vendor']} {job['version']}; hpccomm "
+          f"{job['hpccomm']}; thread level {job['thread_level']}, mpi4py ser: "
+          f"{second[0]['thread_level']}; {len(first)} + {len(second)} jobs alternated",
+          flush=True)
+    print(header(args.gloo), flush=True)
+    for row in merge(first, second):
+        print(format_row(row), flush=True)
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run on every rank (under a launcher); rank 0 prints the table."""
+    """Run on every rank (under a launcher); rank 0 prints the table (or, with
+    ``--samples-out``, writes the job's samples for :func:`merge` instead)."""
     p = parser()
     args = p.parse_args(argv)
     try:
         ops, sizes = options(args)
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
+    if args.thread_level is not None:
+        import mpi4py
+
+        mpi4py.rc.thread_level = args.thread_level  # before MPI starts
     from mpi4py import MPI
 
     from ._version import __version__
@@ -497,21 +708,31 @@ def main(argv: Optional[List[str]] = None) -> int:
         if rank == 0:
             print("hpccomm bench: needs at least 2 ranks (hpccomm bench -n 2)", file=sys.stderr)
         return 2
+    quiet = args.samples_out is not None
 
     def show(row: Dict[str, Any]) -> None:
-        if rank == 0:
+        if rank == 0 and not quiet:
             print(format_row(row), flush=True)
-    if rank == 0:
+    if rank == 0 and not quiet:
         vendor, version = MPI.get_vendor()
         print(f"# {MPI.COMM_WORLD.size} ranks; {vendor} {'.'.join(map(str, version))}; "
-              f"hpccomm {__version__}", flush=True)
+              f"hpccomm {__version__}; thread level {thread_level_name()}", flush=True)
         print(header(args.gloo), flush=True)
-    init_process_group()
-    td = init_gloo(MPI.COMM_WORLD) if args.gloo else None
-    run(ops, sizes, td=td, budget=args.budget, report=show)
-    if td is not None:
-        td.destroy_process_group()
-    destroy_process_group()
+    preset = batch_lengths(read_job(args.inner_from)) if args.inner_from else None
+    cells: List[Dict[str, Any]] = []
+    if args.raw_only:
+        run(ops, sizes, budget=args.budget, report=show, raw_only=True, preset=preset,
+            cells_out=cells)
+    else:
+        init_process_group()
+        td = init_gloo(MPI.COMM_WORLD) if args.gloo else None
+        run(ops, sizes, td=td, budget=args.budget, report=show, preset=preset,
+            cells_out=cells)
+        if td is not None:
+            td.destroy_process_group()
+        destroy_process_group()
+    if args.samples_out:
+        write_job(args.samples_out, MPI.COMM_WORLD, cells, args.raw_only)
     return 0
 
 

@@ -9,7 +9,9 @@ and gets ``MASTER_ADDR``/``MASTER_PORT``, so torchrun scripts and scripts for to
 (``exec``), so signals and the exit status are the launcher's own; it never
 initializes MPI. ``hpccomm info`` prints the environment for bug reports.
 ``hpccomm bench -n 2`` measures hpccomm against raw mpi4py on this machine's MPI
-(:mod:`hpccomm.bench`), started the way ``run`` starts a script.
+(:mod:`hpccomm.bench`) in jobs started the way ``run`` starts a script: it alternates
+jobs at mpi4py's default thread level with jobs of raw mpi4py at MPI_THREAD_SERIALIZED
+(waiting for each, never initializing MPI itself) and prints the merged table.
 """
 from __future__ import annotations
 
@@ -85,6 +87,22 @@ def run_command(args: argparse.Namespace) -> List[str]:
                                 launcher_args=extra, torch=args.torch)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    """``hpccomm bench``: jobs at two MPI thread levels, alternated from here (a process
+    has one level, so the second needs a job of its own); this process stays without MPI.
+    ``--dry-run`` prints the first pair of job commands."""
+    from . import bench
+
+    def launch_command(target: List[str]) -> List[str]:
+        return launch.build_command(target, nprocs=args.nproc, launcher=args.launcher)
+    if args.dry_run:
+        first, second = bench.job_words(args), bench.job_words(args, raw_only=True)
+        for _, command, _ in bench.job_commands(first, second, "JOBDIR", 1, launch_command):
+            print(shlex.join(command))
+        return 0
+    return bench.drive(args, launch_command)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``hpccomm`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -105,6 +123,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except launch.LaunchError as exc:
         print(f"hpccomm {args.command}: {exc}", file=sys.stderr)
         return 2
+    if args.command == "bench" and not args.no_serialized:
+        return _bench(args)
     if args.dry_run:
         print(shlex.join(command))
         return 0

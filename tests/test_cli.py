@@ -288,20 +288,58 @@ def test_bench_measures_hpccomm_against_mpi4py_on_two_ranks():
     for row in rows:  # hpccomm, async, mpi4py, mpi4py nb (µs), then mpi4py/hpccomm time
         times, ratio = [float(x) for x in row[3:7]], float(row[7])
         assert all(t > 0 for t in times) and 0 < ratio < 100
+        # last: mpi4py at MPI_THREAD_SERIALIZED (µs, from the second job), then its time
+        # over hpccomm's and over mpi4py's at the default level
+        serialized, ratios = float(row[-3]), [float(x) for x in row[-2:]]
+        assert serialized > 0 and all(0 < r < 100 for r in ratios)
+    assert "mpi4py ser" in result.stdout and "thread level multiple" in result.stdout
+    assert "mpi4py ser: serialized" in result.stdout
     assert "2 ranks" in result.stdout and "gloo" not in result.stdout
     assert f"; {_mpi_facts()['vendor']} " in result.stdout  # the library it ran on
 
 
 def test_bench_options_are_checked_before_starting_ranks():
-    dry = hpccomm("bench", "--dry-run", "-n", "4", "--ops", "all", "--sizes", "8,2M")
+    dry = hpccomm("bench", "--dry-run", "-n", "4", "--ops", "all", "--sizes", "8,2M",
+                  "--no-serialized")
     assert dry.returncode == 0, dry.stderr
     words = dry.stdout.split()
     assert words[1:3] == ["-n", "4"] and words[-7:] == [
         "hpccomm.bench", "--ops", "all", "--sizes", "8,2M", "--budget", "0.5"]
+    # by default: a job of every variant, then one of mpi4py alone at SERIALIZED, which
+    # reuses the first's batch lengths (the first pair of --repeats is shown)
+    dry = hpccomm("bench", "--dry-run", "-n", "4", "--sizes", "8", "--budget", "0.6",
+                  "--repeats", "2")
+    assert dry.returncode == 0, dry.stderr
+    first, second = [line.split() for line in dry.stdout.splitlines()]
+    assert first[1:3] == second[1:3] == ["-n", "4"]
+    assert first[first.index("--budget") + 1] == "0.3" and "--raw-only" not in first
+    assert second[-7:-4] == ["--raw-only", "--thread-level", "serialized"]
+    assert second[-2:] == ["--inner-from", first[-1]]
     bad = hpccomm("bench", "--ops", "all_reduce,teleport")
     assert bad.returncode == 2 and "unknown operation(s) teleport" in bad.stderr
     bad = hpccomm("bench", "--sizes", "8,lots")
     assert bad.returncode == 2 and "not a size" in bad.stderr
+
+
+def test_bench_merges_the_jobs_of_both_thread_levels():
+    from hpccomm.bench import SERIALIZED, format_row, merge
+
+    def job(variants, samples, level):
+        return dict(ranks=2, thread_level=level, cells=[dict(
+            op="all_reduce", requested=8, bytes=8, loadavg=1.0,
+            inner={v: 20 for v in variants}, samples={v: samples for v in variants})])
+    every = ["hpccomm", "hpccomm_async", "mpi4py", "mpi4py_nb"]
+    rows = merge([job(every, [4e-6, 2e-6], "multiple"), job(every, [3e-6], "multiple")],
+                 [job(["mpi4py"], [1e-6, 5e-6], "serialized"),
+                  job(["mpi4py"], [0.5e-6], "serialized")])
+    (row,) = rows
+    assert row["rounds"] == 3 and row[f"{SERIALIZED}_rounds"] == 3
+    assert row["mpi4py_us"] == 3.0 and row["mpi4py_min_us"] == 2.0  # pooled over jobs
+    assert row[f"{SERIALIZED}_us"] == 1.0 and row[f"{SERIALIZED}_min_us"] == 0.5
+    assert row[f"hpccomm_over_{SERIALIZED}_bw"] == 1 / 3
+    assert format_row(row).split()[-3:] == ["1.00", "0.333", "0.333"]
+    (alone,) = merge([job(every, [3e-6], "multiple")])  # one job: the columns stay empty
+    assert SERIALIZED + "_us" not in alone and format_row(alone).split()[-3:] == ["-"] * 3
 
 
 def test_bench_sizes_read_like_nccl_tests():
