@@ -12,7 +12,8 @@ and the best round. Variants:
 
 * ``hpccomm``       ``dist.all_reduce(a)``: synchronous, never-hang timeout on
 * ``hpccomm_async`` ``dist.all_reduce(a, async_op=True).wait()``
-* ``mpi4py``        mpi4py's uppercase blocking call (``comm.Allreduce``): the floor
+* ``mpi4py``        mpi4py's uppercase blocking call (``comm.Allreduce``): the floor at
+  the job's MPI thread level (mpi4py's default, MPI_THREAD_MULTIPLE, as hpccomm needs)
 * ``mpi4py_nb``     the same nonblocking call + ``Wait`` (``comm.Iallreduce(...).Wait()``)
 * ``gloo``          ``torch.distributed`` with the gloo backend (``--gloo``; needs torch)
 
@@ -31,6 +32,23 @@ input, all_to_all's the whole per-rank buffer, with element counts rounded up to
 multiple of the group size. ``busbw = size / time * factor`` (:data:`BUS_FACTOR`).
 send/recv is a ping-pong in pairs (0,1), (2,3)...; its time is half the round trip.
 ``benchmarks/collectives.py`` drives this module for the committed report.
+
+The thread level. Some MPI libraries (MPICH) choose slower small-message algorithms when
+MPI runs at MPI_THREAD_MULTIPLE, and a process has one level for good, so the fastest
+floor needs a job of its own: ``hpccomm bench`` (:func:`drive`) runs ``--repeats`` pairs
+of jobs one after the other, a job of every variant above, then a job of the ``mpi4py``
+variant alone with ``mpi4py.rc.thread_level = "serialized"`` (``--raw-only
+--thread-level serialized``), on buffers of the same sizes and with the batch lengths of
+the first job. Each job measures for ``budget / repeats`` and writes its rounds' samples
+(``--samples-out``); :func:`merge` pools the rounds of all jobs of a kind, so the median
+and the best round are taken as in one job. The second kind becomes the variant
+
+* ``mpi4py_serialized`` mpi4py's blocking call at MPI_THREAD_SERIALIZED
+
+with the ratios ``hpccomm_over_mpi4py_serialized_bw`` and
+``mpi4py_over_mpi4py_serialized_bw`` (its time over hpccomm's, over mpi4py's at the
+default level). ``--no-serialized`` runs the single job alone, as does a launcher
+started by hand (``mpiexec ... python -m hpccomm.bench``).
 """
 from __future__ import annotations
 
