@@ -1,8 +1,22 @@
 """hpccomm vs raw mpi4py vs torch.distributed (gloo), measured interleaved in ONE run.
 
-Run under an MPI launcher (2 and 4 ranks)::
+Run it as a driver (what ``benchmarks/run_all.sh`` does; 2 and 4 ranks)::
 
-    mpiexec -n 2 python benchmarks/collectives.py --out docs/results/bench_collectives_n2.csv
+    python benchmarks/collectives.py --driver -n 2 --out docs/results/bench_collectives_n2.csv
+
+The driver never initializes MPI: it alternates ``--repeats`` pairs of jobs under
+``--mpiexec`` (default: the one beside this Python), one after the other, and writes
+the merged results (:func:`hpccomm.bench.alternate`, :func:`hpccomm.bench.merge`). The
+first job of a pair is this script under the launcher, with every variant below, at
+mpi4py's default MPI thread level (MPI_THREAD_MULTIPLE, which hpccomm needs); the second
+is ``python -m hpccomm.bench --raw-only --thread-level serialized``: mpi4py's blocking
+call alone at MPI_THREAD_SERIALIZED, where MPICH picks faster small-message algorithms.
+That is the ``mpi4py_serialized`` column (and ``hpccomm_over_mpi4py_serialized_bw``).
+Each job measures for ``--budget / --repeats`` per (op, size); the medians and best
+rounds are over the rounds of all jobs of a kind. Run under a launcher by hand, the
+script is one job of the first kind alone (no ``mpi4py_serialized`` column)::
+
+    mpiexec -n 2 python benchmarks/collectives.py --out /tmp/bench_collectives_n2.csv
 
 The measurement itself is :mod:`hpccomm.bench` (what ``hpccomm bench`` runs): every
 process initializes both hpccomm (MPI) and torch.distributed with the gloo backend, and
@@ -22,16 +36,20 @@ import argparse
 import gc
 import json
 import os
+import shutil
+import sys
+import tempfile
 import time
 import warnings
 
 import numpy as np
-from mpi4py import MPI
 
-import hpccomm as dist
+from hpccomm import bench
 from hpccomm.bench import DEFAULT_SIZES, OPS, VARIANTS, batch_time, init_gloo, run, size_text
 
 from common import result, write_csv
+
+HERE = os.path.abspath(__file__)
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -40,6 +58,9 @@ MiB = 1024 * 1024
 
 def object_case(comm, torch, td, rounds=30):
     """Object collectives: hpccomm vs mpi4py lowercase (pickle) vs torch gloo."""
+    from mpi4py import MPI
+
+    import hpccomm as dist
     rows = []
     objects = {
         "small dict": {"step": 1, "loss": 0.25, "rank": comm.rank},
@@ -96,6 +117,8 @@ def object_case(comm, torch, td, rounds=30):
 
 def copy_bandwidth(comm, nbytes=64 * MiB, rounds=15):
     """GB/s of ``np.copyto`` of ``nbytes`` per rank, all ranks copying at once."""
+    from mpi4py import MPI
+
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
@@ -110,7 +133,7 @@ def copy_bandwidth(comm, nbytes=64 * MiB, rounds=15):
     return nbytes / float(np.median(worst)) / 1e9
 
 
-def main():
+def parse():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None, help="CSV path (default docs/results/bench_collectives_n<N>.csv)")
     parser.add_argument("--sizes", default=None, help="comma-separated byte sizes")
@@ -118,7 +141,78 @@ def main():
     parser.add_argument("--budget", type=float, default=0.5,
                         help="seconds of measuring per (op, size), all variants together")
     parser.add_argument("--no-objects", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--driver", action="store_true",
+                        help="alternate the jobs at two thread levels (no MPI here)")
+    parser.add_argument("-n", type=int, default=2, help="--driver: ranks per job")
+    parser.add_argument("--mpiexec", default=None,
+                        help="--driver: the launcher (default: the mpiexec beside this Python)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="--driver: pairs of jobs; each job measures BUDGET/REPEATS")
+    parser.add_argument("--samples-out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--inner-from", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def driver(args):
+    """Alternate the two kinds of job, then write the merged CSV, the last full job's
+    metadata JSON (with the driver's duration) and its object table."""
+    python = sys.executable
+    mpiexec = args.mpiexec or os.path.join(os.path.dirname(python), "mpiexec")
+    repeats = max(1, args.repeats)
+    n = args.n
+    out = args.out or result(f"bench_collectives_n{n}.csv")
+    sizes = args.sizes or ",".join(str(s) for s in DEFAULT_SIZES)
+    common = ["--ops", args.ops, "--sizes", sizes, "--budget", f"{args.budget / repeats:g}"]
+    t_start = time.time()
+    scratch = tempfile.mkdtemp(prefix="hpccomm-jobs-")  # no "collectives": see base.replace
+    job_out = os.path.join(scratch, "bench_collectives_job.csv")
+    try:
+        def first(r):  # the object collectives and the metadata: in the last pair only
+            last = r == repeats - 1 and not args.no_objects
+            return [HERE, *common, "--out", job_out, *([] if last else ["--no-objects"])]
+        second = ["-m", "hpccomm.bench", "--raw-only", "--thread-level", "serialized",
+                  *common]
+        jobs, serialized = bench.alternate(
+            first, second, repeats, lambda words: [mpiexec, "-n", str(n), python, *words])
+        rows = bench.merge(jobs, serialized)
+        for row in rows:
+            row["hpccomm_minus_mpi4py_us"] = row["hpccomm_us"] - row["mpi4py_us"]
+            row["hpccomm_async_minus_mpi4py_us"] = row["hpccomm_async_us"] - row["mpi4py_us"]
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        write_csv(out, rows)
+        base = os.path.splitext(out)[0]
+        with open(os.path.splitext(job_out)[0] + ".json") as f:
+            meta = json.load(f)
+        meta.update(seconds=time.time() - t_start, jobs=len(jobs), serialized_jobs=len(
+            serialized), thread_level=jobs[0]["thread_level"],
+                    serialized_thread_level=serialized[0]["thread_level"])
+        with open(base + ".json", "w") as f:
+            json.dump(meta, f, indent=1)
+        objects = os.path.join(scratch, "bench_objects_job.csv")
+        if os.path.exists(objects):
+            shutil.copyfile(objects, base.replace("collectives", "objects") + ".csv")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    ser = bench.SERIALIZED
+    print(f"# merged: {len(jobs)} jobs at {jobs[0]['thread_level']}, {len(serialized)} of "
+          f"mpi4py alone at {serialized[0]['thread_level']}")
+    for row in rows:
+        print(f"{row['op']:24s} {size_text(row['bytes']):>8s} "
+              + " ".join(f"{v}={row[f'{v}_us']:10.2f}us" for v in VARIANTS + [ser])
+              + f"  hp/mpi bw {row['hpccomm_over_mpi4py_bw']:.3f}"
+                f"  hp/ser bw {row[f'hpccomm_over_{ser}_bw']:.3f}", flush=True)
+    print(f"wrote {os.path.normpath(out)}; the run took {meta['seconds']:.0f} s", flush=True)
+
+
+def main():
+    args = parse()
+    if args.driver:
+        driver(args)
+        return
+    from mpi4py import MPI
+
+    import hpccomm as dist
+
     comm = MPI.COMM_WORLD.Dup()
     n, rank = comm.size, comm.rank
     dist.init_process_group()
@@ -129,8 +223,9 @@ def main():
     t_start = time.time()
     if rank == 0:
         print(f"# {n} ranks; {MPI.Get_library_version().splitlines()[0].strip()}; "
-              f"torch {torch.__version__}; hpccomm {dist.__version__}; "
-              f"load average {os.getloadavg()[0]:.2f}", flush=True)
+              f"torch {torch.__version__}; hpccomm {dist.__version__}; thread level "
+              f"{bench.thread_level_name()}; load average {os.getloadavg()[0]:.2f}",
+              flush=True)
 
     def show(row):
         gc.collect()
@@ -142,7 +237,12 @@ def main():
                     f"  gloo/hp {row['gloo_over_hpccomm_time']:.1f}x"
                     f"  ({row['inner']} x {row['rounds']})", flush=True)
     td = init_gloo(comm)
-    rows = run(args.ops.split(","), sizes, td=td, budget=args.budget, report=show)
+    preset = bench.batch_lengths(bench.read_job(args.inner_from)) if args.inner_from else None
+    cells = []
+    rows = run(args.ops.split(","), sizes, td=td, budget=args.budget, report=show,
+               preset=preset, cells_out=cells)
+    if args.samples_out:
+        bench.write_job(args.samples_out, comm, cells, raw_only=False)
     for row in rows:
         row["hpccomm_minus_mpi4py_us"] = row["hpccomm_us"] - row["mpi4py_us"]
         row["hpccomm_async_minus_mpi4py_us"] = row["hpccomm_async_us"] - row["mpi4py_us"]

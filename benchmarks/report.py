@@ -22,12 +22,14 @@ DOCS = os.environ.get("BENCH_DOCS") or os.path.join(ROOT, "docs")
 OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
        "all_to_all_single", "send_recv"]
 VARIANTS = ["hpccomm", "hpccomm_async", "mpi4py", "mpi4py_nb", "gloo"]
-#: Measured for some operations only (see hpccomm.bench.SHM_VARIANTS).
-SHM_VARIANTS = ["hpccomm_noshm", "hpccomm_window", "ceiling"]
+#: Measured for some operations only (see hpccomm.bench.SHM_VARIANTS), and mpi4py's
+#: blocking call at MPI_THREAD_SERIALIZED (a second job; absent from older CSVs).
+SHM_VARIANTS = ["hpccomm_noshm", "hpccomm_window", "ceiling", "mpi4py_serialized"]
 LABELS = {"hpccomm": "hpccomm sync", "hpccomm_async": "hpccomm async+wait",
           "mpi4py": "mpi4py blocking", "mpi4py_nb": "mpi4py nonblocking+Wait",
           "gloo": "torch gloo", "hpccomm_noshm": "hpccomm HPCCOMM_SHM=0",
-          "hpccomm_window": "hpccomm, shm.empty arrays", "ceiling": "memory ceiling"}
+          "hpccomm_window": "hpccomm, shm.empty arrays", "ceiling": "memory ceiling",
+          "mpi4py_serialized": "mpi4py blocking, MPI_THREAD_SERIALIZED"}
 KiB, MiB = 1024, 1024 * 1024
 BIG = 256 * KiB
 
@@ -93,15 +95,19 @@ def collectives_tables(data):
                     cells.append(f"{r['mpi4py_us'] / r['hpccomm_noshm_us']:.2f}")
                 if "ceiling" in extra:
                     cells.append(f"{r['ceiling_us'] / r['hpccomm_window_us']:.2f}")
+                if "mpi4py_serialized" in extra:
+                    cells.append(f"{r['mpi4py_serialized_us'] / r['hpccomm_us']:.2f}")
                 cells.append(f"{r['gloo_over_hpccomm_time']:.1f}x")
                 body.append(cells)
             header = (["size", "hpccomm", "hpccomm async", "mpi4py", "mpi4py nb", "gloo"] +
                       [{"hpccomm_noshm": "SHM=0", "hpccomm_window": "window",
-                        "ceiling": "ceiling"}[v] for v in extra] +
+                        "ceiling": "ceiling", "mpi4py_serialized": "mpi4py ser"}[v]
+                       for v in extra] +
                       ["busbw hpccomm", "busbw mpi4py", "hpccomm/mpi4py bw",
                        "async/mpi4py bw"] +
                       (["SHM=0/mpi4py bw"] if "hpccomm_noshm" in extra else []) +
                       (["window/ceiling"] if "ceiling" in extra else []) +
+                      (["hpccomm/ser bw"] if "mpi4py_serialized" in extra else []) +
                       ["gloo/hpccomm time"])
             parts.append(f"**{op}** ({n} ranks): time in µs (median), busbw in GB/s\n")
             parts.append(table(header, body))
@@ -375,7 +381,8 @@ def plot(data):
     styles = {"hpccomm": ("C0", "-", "o"), "hpccomm_async": ("C0", "--", "s"),
               "mpi4py": ("k", "-", "^"), "mpi4py_nb": ("0.5", ":", "v"),
               "gloo": ("C3", "-", "x"), "hpccomm_noshm": ("C1", "-.", "d"),
-              "hpccomm_window": ("C4", "-", "*"), "ceiling": ("C2", "--", None)}
+              "hpccomm_window": ("C4", "-", "*"), "ceiling": ("C2", "--", None),
+              "mpi4py_serialized": ("k", "--", "^")}
     for i, n in enumerate(ns):
         rows = data[n][0]
         for j, op in enumerate(OPS):

@@ -13,8 +13,9 @@ PYTHON=${PYTHON:-.venv/bin/python}
 MPIEXEC=${MPIEXEC:-$(dirname "$PYTHON")/mpiexec}
 mkdir -p docs/results
 echo "== hot path profile (1 process)"; "$PYTHON" benchmarks/profile_hotpath.py
-echo "== collectives, 2 ranks"; "$MPIEXEC" -n 2 "$PYTHON" benchmarks/collectives.py "$@"
-echo "== collectives, 4 ranks"; "$MPIEXEC" -n 4 "$PYTHON" benchmarks/collectives.py "$@"
+# collectives.py --driver alternates jobs at two MPI thread levels (see its docstring)
+echo "== collectives, 2 ranks"; "$PYTHON" benchmarks/collectives.py --driver -n 2 --mpiexec "$MPIEXEC" "$@"
+echo "== collectives, 4 ranks"; "$PYTHON" benchmarks/collectives.py --driver -n 4 --mpiexec "$MPIEXEC" "$@"
 if [ -z "${SKIP_INIT:-}" ]; then  # SKIP_INIT=1 keeps docs/results/bench_init.csv (slowest part)
   echo "== init time";          "$PYTHON" benchmarks/init_time.py --driver --sizes 2,4,8,16 --repeats 3 --mpiexec "$MPIEXEC"
 fi

@@ -61,7 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -533,18 +533,23 @@ def merge(jobs: Sequence[Dict[str, Any]], serialized: Sequence[Dict[str, Any]] =
     return rows
 
 
-def job_commands(first: Sequence[str], second: Sequence[str], folder: str, repeats: int,
+Words = Union[Sequence[str], Callable[[int], Sequence[str]]]
+
+
+def job_commands(first: Words, second: Words, folder: str, repeats: int,
                  launch_command: Callable[[List[str]], List[str]]
                  ) -> List[Tuple[str, List[str], str]]:
     """``(kind, command, samples file)`` of every job :func:`alternate` runs, in order:
     ``repeats`` pairs of ``first`` (``"a"``: every variant at the default thread level)
     then ``second`` (``"b"``: mpi4py alone at MPI_THREAD_SERIALIZED). Both are argument
-    lists of a job that takes ``--samples-out`` and ``--inner-from``; every job after the
-    first reuses the first's batch lengths."""
+    lists (or functions of the pair's index that return one) of a job that takes
+    ``--samples-out`` and ``--inner-from``; every job after the first reuses the first's
+    batch lengths."""
     out = []
     calibrated = os.path.join(folder, "a0.json")
     for r in range(repeats):
-        for kind, words in (("a", first), ("b", second)):
+        for kind, job in (("a", first), ("b", second)):
+            words = job(r) if callable(job) else job
             path = os.path.join(folder, f"{kind}{r}.json")
             extra = ["--samples-out", path] + ([] if path == calibrated else
                                                ["--inner-from", calibrated])
@@ -552,7 +557,7 @@ def job_commands(first: Sequence[str], second: Sequence[str], folder: str, repea
     return out
 
 
-def alternate(first: Sequence[str], second: Sequence[str], repeats: int,
+def alternate(first: Words, second: Words, repeats: int,
               launch_command: Callable[[List[str]], List[str]], timeout: Optional[float] = None
               ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Run the jobs of :func:`job_commands` one after another (never two at once: they
