@@ -536,49 +536,61 @@ def merge(jobs: Sequence[Dict[str, Any]], serialized: Sequence[Dict[str, Any]] =
 Words = Union[Sequence[str], Callable[[int], Sequence[str]]]
 
 
-def job_commands(first: Words, second: Words, folder: str, repeats: int,
+def pairs(first: Words, second: Words, repeats: int) -> List[Tuple[str, Sequence[str]]]:
+    """``repeats`` pairs of jobs: ``("a", first)`` (every variant at the default thread
+    level), then ``("b", second)`` (mpi4py alone at MPI_THREAD_SERIALIZED). Each is an
+    argument list, or a function of the pair's index that returns one."""
+    return [(kind, job(r) if callable(job) else job)
+            for r in range(repeats) for kind, job in (("a", first), ("b", second))]
+
+
+def job_commands(jobs: Sequence[Tuple[str, Sequence[str]]], folder: str,
                  launch_command: Callable[[List[str]], List[str]]
                  ) -> List[Tuple[str, List[str], str]]:
-    """``(kind, command, samples file)`` of every job :func:`alternate` runs, in order:
-    ``repeats`` pairs of ``first`` (``"a"``: every variant at the default thread level)
-    then ``second`` (``"b"``: mpi4py alone at MPI_THREAD_SERIALIZED). Both are argument
-    lists (or functions of the pair's index that return one) of a job that takes
-    ``--samples-out`` and ``--inner-from``; every job after the first reuses the first's
-    batch lengths."""
+    """``(label, command, samples file)`` of each ``(label, words)`` job, in order:
+    ``words`` is a job that takes ``--samples-out`` and ``--inner-from`` (``-m
+    hpccomm.bench ...``); every job after the first reuses the first's batch lengths, so
+    all jobs pay the same barrier skew."""
     out = []
-    calibrated = os.path.join(folder, "a0.json")
-    for r in range(repeats):
-        for kind, job in (("a", first), ("b", second)):
-            words = job(r) if callable(job) else job
-            path = os.path.join(folder, f"{kind}{r}.json")
-            extra = ["--samples-out", path] + ([] if path == calibrated else
-                                               ["--inner-from", calibrated])
-            out.append((kind, launch_command([*words, *extra]), path))
+    calibrated = os.path.join(folder, "job0.json")
+    for index, (label, words) in enumerate(jobs):
+        path = os.path.join(folder, f"job{index}.json")
+        extra = ["--samples-out", path] + (["--inner-from", calibrated] if index else [])
+        out.append((label, launch_command([*words, *extra]), path))
     return out
 
 
-def alternate(first: Words, second: Words, repeats: int,
-              launch_command: Callable[[List[str]], List[str]], timeout: Optional[float] = None
-              ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+def run_jobs(jobs: Sequence[Tuple[str, Sequence[str]]],
+             launch_command: Callable[[List[str]], List[str]],
+             timeout: Optional[float] = None) -> List[Tuple[str, Dict[str, Any]]]:
     """Run the jobs of :func:`job_commands` one after another (never two at once: they
-    would share the cores) and return ``(first's jobs, second's jobs)`` as read by
-    :func:`read_job`. A process has one MPI thread level, so comparing two needs two
-    jobs; alternating them in rounds spreads a change of the machine's load over both.
-    Raises ``RuntimeError`` when a job fails. Never initializes MPI."""
-    found: Dict[str, List[Dict[str, Any]]] = {"a": [], "b": []}
+    would share the cores); ``(label, job as read by read_job)`` for each. Raises
+    ``RuntimeError`` when a job fails. Never initializes MPI."""
+    found = []
     with tempfile.TemporaryDirectory(prefix="hpccomm-bench-") as folder:
-        commands = job_commands(first, second, folder, repeats, launch_command)
-        for index, (kind, command, path) in enumerate(commands, 1):
+        commands = job_commands(jobs, folder, launch_command)
+        for index, (label, command, path) in enumerate(commands, 1):
             t0 = time.perf_counter()
             done = subprocess.run(command, timeout=timeout)
             if done.returncode != 0 or not os.path.exists(path):
                 raise RuntimeError(f"job {index} of {len(commands)} failed (exit status "
                                    f"{done.returncode}): {shlex.join(command)}")
-            found[kind].append(read_job(path))
-            print(f"# job {index}/{len(commands)} ({found[kind][-1]['thread_level']}"
-                  f"{', mpi4py alone' if kind == 'b' else ''}) took "
+            job = read_job(path)
+            found.append((label, job))
+            print(f"# job {index}/{len(commands)} ({label}: thread level "
+                  f"{job['thread_level']}{', mpi4py alone' if job['raw_only'] else ''}) took "
                   f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    return found["a"], found["b"]
+    return found
+
+
+def alternate(first: Words, second: Words, repeats: int,
+              launch_command: Callable[[List[str]], List[str]], timeout: Optional[float] = None
+              ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """``(first's jobs, second's jobs)`` of :func:`pairs` run by :func:`run_jobs`. A
+    process has one MPI thread level, so comparing two needs two jobs; alternating them
+    in rounds spreads a change of the machine's load over both."""
+    done = run_jobs(pairs(first, second, repeats), launch_command, timeout)
+    return [job for kind, job in done if kind == "a"], [job for kind, job in done if kind == "b"]
 
 
 def shm_setup(comm: Any, ops: Sequence[str], sizes: Sequence[int]

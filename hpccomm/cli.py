@@ -97,7 +97,8 @@ def _bench(args: argparse.Namespace) -> int:
         return launch.build_command(target, nprocs=args.nproc, launcher=args.launcher)
     if args.dry_run:
         first, second = bench.job_words(args), bench.job_words(args, raw_only=True)
-        for _, command, _ in bench.job_commands(first, second, "JOBDIR", 1, launch_command):
+        for _, command, _ in bench.job_commands(bench.pairs(first, second, 1), "JOBDIR",
+                                                launch_command):
             print(shlex.join(command))
         return 0
     return bench.drive(args, launch_command)
