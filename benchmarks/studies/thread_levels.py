@@ -21,8 +21,9 @@ every job uses the first job's batch lengths and measures ``--budget`` seconds p
 (a sample: batch time / batch length, the maximum over ranks).
 
 Writes ``docs/results/thread_levels_<LIB>.csv`` (through :mod:`common`): one row per
-operation, size and level, with the level MPI provided, the median and best µs, and the
-median over the fastest level's. ``--summary`` prints the markdown table of every
+operation, size and level, with the level MPI provided, the median and best µs, the
+median over the fastest level's, and each job's own median (a job whose ranks the OS
+placed badly is slow in every round, which the pooled median alone hides). ``--summary`` prints the markdown table of every
 ``thread_levels_*.csv`` found.
 """
 from __future__ import annotations
@@ -70,30 +71,67 @@ def measure(lib: str, args: argparse.Namespace) -> list:
         key = bench.cell_key(cell["op"], cell["requested"])
         stats = {}
         for level in LEVELS:
-            samples, loads, provided = [], [], set()
+            samples, loads, provided, per_job = [], [], set(), []
             for job in by_level[level]:
                 same = next(c for c in job["cells"]
                             if bench.cell_key(c["op"], c["requested"]) == key)
                 samples += same["samples"]["mpi4py"]
+                per_job.append(float(np.median(same["samples"]["mpi4py"])))
                 loads.append(same["loadavg"])
                 provided.add(job["thread_level"])
             stats[level] = (float(np.median(samples)), float(np.min(samples)), len(samples),
-                            "/".join(sorted(provided)), sum(loads) / len(loads))
+                            "/".join(sorted(provided)), sum(loads) / len(loads), per_job)
         fastest = min(s[0] for s in stats.values())
-        for level, (median, best, rounds, provided, load) in stats.items():
+        for level, (median, best, rounds, provided, load, per_job) in stats.items():
             rows.append(dict(
                 library=lib, mpi=f"{first['vendor']} {first['version']}", ranks=first["ranks"],
                 op=cell["op"], call=CALLS[cell["op"]], bytes=cell["bytes"], level=level,
                 provided=provided, median_us=round(median * 1e6, 3),
-                best_us=round(best * 1e6, 3), over_fastest=round(median * 1e6 / (fastest * 1e6), 3),
+                best_us=round(best * 1e6, 3), over_fastest=round(median / fastest, 3),
+                # a job whose ranks the OS placed badly shifts all its rounds: these show it
+                job_medians_us="/".join(f"{m * 1e6:.2f}" for m in per_job),
                 rounds=rounds, jobs=len(by_level[level]), inner=cell["inner"]["mpi4py"],
                 loadavg=round(load, 2)))
     return rows
 
 
+def paired(a: dict, b: dict) -> float:
+    """The median over rounds of level ``a``'s job median over level ``b``'s in the same
+    round (rows of the CSV): a slow spell of the machine reaches both alike."""
+    ratios = [float(x) / float(y) for x, y in zip(a["job_medians_us"].split("/"),
+                                                  b["job_medians_us"].split("/"))]
+    return float(np.median(ratios))
+
+
+def across(paths: list) -> str:
+    """One markdown table over every library: per call and size, the best round at
+    serialized and at multiple (µs) and multiple over serialized (best rounds; paired
+    medians in brackets)."""
+    libs, cells = [], defaultdict(dict)
+    for path in paths:
+        rows = read_csv(path)
+        if not rows:
+            continue
+        libs.append(rows[0]["library"])
+        by = defaultdict(dict)
+        for r in rows:
+            by[(r["op"], int(r["bytes"]))][r["level"]] = r
+        for key, levels in by.items():
+            ser, mul = levels["serialized"], levels["multiple"]
+            cells[key][libs[-1]] = (f"{float(ser['best_us']):.2f} / {float(mul['best_us']):.2f}"
+                                    f" = **{float(mul['best_us']) / float(ser['best_us']):.2f}**"
+                                    f" ({paired(mul, ser):.2f})")
+    out = ["| call | size | " + " | ".join(libs) + " |", "|---|---|" + "---|" * len(libs)]
+    for (op, nbytes), per_lib in cells.items():
+        out.append(f"| {CALLS[op]} | {bench.size_text(nbytes)} | " +
+                   " | ".join(per_lib.get(lib, "") for lib in libs) + " |")
+    return "\n".join(out) + "\n"
+
+
 def summary(paths: list) -> str:
-    """A markdown table per library: median µs per level, the fastest level, and
-    multiple's median over the fastest's."""
+    """A markdown table per library: median µs per level (best round), the fastest level
+    by median, multiple's median over the fastest's, and multiple over serialized paired
+    by round (:func:`paired`) and in best rounds."""
     out = []
     for path in paths:
         rows = read_csv(path)
@@ -108,14 +146,18 @@ def summary(paths: list) -> str:
                    f"provided: " + ", ".join(f"{k}->{v}" for k, v in provided.items()) +
                    "): median µs (best round)\n")
         out.append("| call | size | " + " | ".join(LEVELS) +
-                   " | fastest | multiple / fastest |")
-        out.append("|---|---|" + "---|" * (len(LEVELS) + 2))
+                   " | fastest | multiple / fastest | multiple / serialized, paired | "
+                   "multiple / serialized, best rounds |")
+        out.append("|---|---|" + "---|" * (len(LEVELS) + 4))
         for (op, nbytes), levels in cells.items():
             med = {lv: float(levels[lv]["median_us"]) for lv in LEVELS}
+            best = {lv: float(levels[lv]["best_us"]) for lv in LEVELS}
             fastest = min(med, key=med.get)
             out.append(f"| {CALLS[op]} | {bench.size_text(nbytes)} | " + " | ".join(
-                f"{med[lv]:.2f} ({float(levels[lv]['best_us']):.2f})" for lv in LEVELS) +
-                f" | {fastest} | {med['multiple'] / med[fastest]:.2f} |")
+                f"{med[lv]:.2f} ({best[lv]:.2f})" for lv in LEVELS) +
+                f" | {fastest} | {med['multiple'] / med[fastest]:.2f} | "
+                f"{paired(levels['multiple'], levels['serialized']):.2f} | "
+                f"{best['multiple'] / best['serialized']:.2f} |")
         out.append("")
     return "\n".join(out)
 
@@ -130,12 +172,16 @@ def main() -> int:
     parser.add_argument("--sizes", default=SIZES)
     parser.add_argument("--budget", type=float, default=0.1,
                         help="seconds per (operation, size) in each job (default 0.1)")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="rounds of one job per level (default 5)")
+    parser.add_argument("--repeats", type=int, default=8,
+                        help="rounds of one job per level (default 8)")
     parser.add_argument("--summary", action="store_true")
     args = parser.parse_args()
     if args.summary:
-        print(summary(sorted(glob.glob(os.path.join(RESULTS, "thread_levels_*.csv")))))
+        paths = sorted(glob.glob(os.path.join(RESULTS, "thread_levels_*.csv")))
+        print("Best round at serialized / at multiple (µs) = multiple over serialized "
+              "(paired medians in brackets)\n")
+        print(across(paths))
+        print(summary(paths))
         return 0
     if not args.lib:
         parser.error("name the library (mpich, openmpi, impi) or give --summary")
