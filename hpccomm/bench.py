@@ -571,7 +571,7 @@ def run_jobs(jobs: Sequence[Tuple[str, Sequence[str]]],
         commands = job_commands(jobs, folder, launch_command)
         for index, (label, command, path) in enumerate(commands, 1):
             t0 = time.perf_counter()
-            done = subprocess.run(command, timeout=timeout)
+            done = subprocess.run(command, timeout=timeout, preexec_fn=_die_with_parent)
             if done.returncode != 0 or not os.path.exists(path):
                 raise RuntimeError(f"job {index} of {len(commands)} failed (exit status "
                                    f"{done.returncode}): {shlex.join(command)}")
@@ -581,6 +581,19 @@ def run_jobs(jobs: Sequence[Tuple[str, Sequence[str]]],
                   f"{job['thread_level']}{', mpi4py alone' if job['raw_only'] else ''}) took "
                   f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return found
+
+
+def _die_with_parent() -> None:
+    """In a job's launcher, before it starts (Linux): SIGTERM when the process that
+    alternates the jobs dies, so that killing it (a timeout, a lost terminal) cannot leave
+    a job running on the cores the next measurement needs."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def alternate(first: Words, second: Words, repeats: int,
