@@ -22,9 +22,11 @@ every job uses the first job's batch lengths and measures ``--budget`` seconds p
 
 Writes ``docs/results/thread_levels_<LIB>.csv`` (through :mod:`common`): one row per
 operation, size and level, with the level MPI provided, the median and best µs, the
-median over the fastest level's, and each job's own median (a job whose ranks the OS
-placed badly is slow in every round, which the pooled median alone hides). ``--summary`` prints the markdown table of every
-``thread_levels_*.csv`` found.
+median over the fastest level's, and each job's own median, in round order (a slow
+spell of the machine can slow a whole job, which the pooled median alone hides).
+``--summary`` prints, from every ``thread_levels_*.csv`` found, a table comparing
+serialized with multiple across libraries (best rounds, and paired by round) and one
+table per library.
 """
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ def measure(lib: str, args: argparse.Namespace) -> list:
                 op=cell["op"], call=CALLS[cell["op"]], bytes=cell["bytes"], level=level,
                 provided=provided, median_us=round(median * 1e6, 3),
                 best_us=round(best * 1e6, 3), over_fastest=round(median / fastest, 3),
-                # a job whose ranks the OS placed badly shifts all its rounds: these show it
+                # a slow spell can shift all of a job's rounds: these show it (round order)
                 job_medians_us="/".join(f"{m * 1e6:.2f}" for m in per_job),
                 rounds=rounds, jobs=len(by_level[level]), inner=cell["inner"]["mpi4py"],
                 loadavg=round(load, 2)))
