@@ -65,7 +65,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import settings
+from . import mpi_level, settings
 
 KiB, MiB = 1024, 1024 * 1024
 DEFAULT_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
@@ -746,6 +746,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         import mpi4py
 
         mpi4py.rc.thread_level = args.thread_level  # before MPI starts
+    else:
+        mpi_level.prepare()  # hpccomm's own level (HPCCOMM_MPI_THREAD_LEVEL)
     from mpi4py import MPI
 
     from ._version import __version__

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, List
 
-from . import settings
+from . import mpi_level, settings
 
 Section = Dict[str, Any]
 
@@ -72,6 +72,7 @@ def mpi_section() -> Section:
     import mpi4py
 
     section: Section = {"mpi4py": mpi4py.__version__, "mpi4py config": mpi4py.get_config()}
+    mpi_level.prepare()  # at the level hpccomm would start MPI at
     from mpi4py import MPI  # initializes MPI: only `hpccomm info` does this
 
     levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",

@@ -116,13 +116,16 @@ def check_launch(mpi_rank: int, mpi_size: int, rank: int = -1, world_size: int =
 
 def _make_store(init_method: Optional[str], store: Any, rank: int, size: int,
                 timeout: float, world_comm: Any) -> Any:
-    """The default store: ``store=``, the one ``init_method`` names, or an MPI store."""
+    """The default store: ``store=``, the one ``init_method`` names, or the job's store
+    over MPI (:func:`hpccomm.stores.mpi.job_store`)."""
     if store is not None:
         return store
     from . import stores
 
     if init_method is None or init_method.startswith("mpi://"):
-        return stores.MPIStore(world_comm, timeout=timeout)
+        from .stores.mpi import job_store
+
+        return job_store(world_comm, timeout=timeout)
     if init_method.startswith("env://"):
         host = os.environ.get("MASTER_ADDR")
         port = os.environ.get("MASTER_PORT")
@@ -284,7 +287,7 @@ def replace_default_group(comm: Any, desc: str, failed: bool) -> ProcessGroup:
         if pg is not old:
             destroy(pg)
     store = registry.store
-    if type(store).__name__ == "MPIStore":
+    if type(store).__name__ in ("MPIStore", "JobTCPStore"):  # a store over the old world
         if failed:
             store.abandon()  # never wait for the dead again
         store = _make_store(None, None, comm.Get_rank(), comm.Get_size(), registry.timeout,

@@ -268,7 +268,7 @@ def _declare(suffix: str, kind: Kind, default: Any, read: str, meaning: str,
 
 
 # -- the settings, by area -------------------------------------------------------------------
-# Shared memory (backends/shm*.py)
+# Shared memory (backends/shm/)
 SHM = _declare(
     "SHM", FLAG, True, "group creation",
     "Large collectives of a group on one node may go through shared memory; 0: MPI only.")
@@ -300,7 +300,12 @@ OVERSUBSCRIBED = _declare(
     "OVERSUBSCRIBED", FLAG, None, "init_process_group, group creation",
     "1/0: treat the node as running more ranks than CPUs, or not; unset: compare the "
     "ranks with the CPUs they may run on together.")
-# MPI (backends/mpi*.py)
+# MPI (mpi_level.py, backends/mpi/)
+MPI_THREAD_LEVEL = _declare(
+    "MPI_THREAD_LEVEL", choice("single", "funneled", "serialized", "multiple"), None,
+    "MPI initialization",
+    "The thread level hpccomm asks for when it initializes MPI; unset: mpi4py's "
+    "(mpi4py.rc.thread_level, 'multiple' by default).")
 MPI_DIRECT = _declare(
     "MPI_DIRECT", FLAG, True, "first use",
     "A blocking in-place sum may start and spin in the C helper; 0: the general path only.")

@@ -59,9 +59,11 @@ def run_case(script: str, case: str, n: int, limit: float = 90, clean: Sequence[
 def result_lines(output: str) -> List[Tuple[int, Dict[str, str]]]:
     """``(rank, fields)`` of every ``RESULT rank=R key=value ...`` line, in order. A value
     runs to the next `` key=``, so the last one may hold spaces (an error message); text
-    before ``RESULT`` on its line (a debugger's prompt) is skipped."""
+    before ``RESULT`` on its line (a debugger's prompt) is skipped. The launcher may
+    splice two ranks' lines into one (``...ok=1RESULT rank=0 ...``): each ``RESULT rank=``
+    starts a report of its own."""
     found = []
-    for line in output.splitlines():
+    for line in re.sub(r"(?<!^)(?<!\n)(RESULT rank=)", r"\n\1", output).splitlines():
         line = line[line.find("RESULT "):]
         if line.startswith("RESULT "):
             fields = dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", line[len("RESULT "):]))

@@ -92,10 +92,12 @@ def test_world_that_is_not_the_mpi_job_is_refused():
 
 
 def test_below_thread_multiple_warns_and_still_completes_futures():
-    code, output = run([CASE, "thread_serialized"], n=2, MASTER_PORT=free_port())
+    code, output = run([CASE, "thread_serialized"], n=2, HPCCOMM_MPI_THREAD_LEVEL="serialized")
     assert code == 0, output
     found = result_lines(output)
-    assert len(found) == 2 and all(f["warned"] == "True" for _, f in found), output
+    assert len(found) == 2, output
+    for _, fields in found:
+        assert fields["warned"] == "True" and fields["level"] == "2", output  # SERIALIZED
 
 
 # -- failing ----------------------------------------------------------------------------------

@@ -6,3 +6,6 @@ CUDA-aware MPI). ``_spin.h`` is the clock and bounded spin both C helpers share.
 Backends are found by name through ``hpccomm.Backend._plugins``; the built-in ones
 (``mpi``, ``nccl``) are imported only when a group first needs them.
 """
+from .. import mpi_level as _mpi_level
+
+_mpi_level.prepare()  # before any backend imports mpi4py.MPI

@@ -38,7 +38,10 @@ import threading
 import time
 from typing import Any, Deque, List, Optional, Sequence, Tuple
 
-from mpi4py import MPI
+from hpccomm import mpi_level
+
+mpi_level.prepare()  # the level HPCCOMM_MPI_THREAD_LEVEL names, if MPI starts here
+from mpi4py import MPI  # noqa: E402
 
 from hpccomm.errors import DistStoreError
 from hpccomm.stores import _spin
@@ -46,6 +49,8 @@ from hpccomm.stores._core import Outgoing, StoreCore
 from hpccomm.stores._wire import (Op, ProtocolError, Status, decode_reply, encode_reply,
                                   encode_request)
 from hpccomm.stores.base import DEFAULT_TIMEOUT, RequestStore, Store, Timeout, milliseconds
+from hpccomm.stores.tcp import TCPStore
+from hpccomm.types import timeout_seconds
 
 log = logging.getLogger("hpccomm.stores")
 
@@ -270,8 +275,9 @@ class _Shared:
             self.server.stop()
 
 
-#: Stores not closed yet, in creation order (the same on every rank).
-_open: List[_Shared] = []
+#: Stores not closed yet (MPIStores' shared state, JobTCPStores), in creation order (the
+#: same on every rank).
+_open: List[Any] = []
 
 
 @atexit.register
@@ -288,6 +294,72 @@ def _close_at_exit() -> None:
             log.warning("%s", exc)
 
 
+def job_store(comm: Optional[Any] = None, timeout: Timeout = DEFAULT_TIMEOUT) -> RequestStore:
+    """The store of a job over ``comm`` (default ``MPI.COMM_WORLD``), collective: an
+    :class:`MPIStore` when MPI runs at MPI_THREAD_MULTIPLE, else a :class:`JobTCPStore`
+    (rank 0's server thread may not call MPI below that level)."""
+    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+        return MPIStore(comm, timeout)
+    return JobTCPStore(comm, timeout)
+
+
+#: Bytes of the host, port and token rank 0 broadcasts for a :class:`JobTCPStore`.
+_ADDRESS_BYTES = 512
+
+
+class JobTCPStore(TCPStore):
+    """The job's store where MPI runs below MPI_THREAD_MULTIPLE: rank 0 of ``comm``
+    serves a TCPStore on a free port of its host, with a random access token, and the
+    address and token reach the other ranks over MPI, so nothing needs ``MASTER_ADDR``.
+    Construction and :meth:`close` are collective, as :class:`MPIStore`'s."""
+
+    def __init__(self, comm: Optional[Any] = None, timeout: Timeout = DEFAULT_TIMEOUT) -> None:
+        import secrets
+        import socket
+
+        base = MPI.COMM_WORLD if comm is None else comm
+        seconds = timeout_seconds(timeout, DEFAULT_TIMEOUT.total_seconds())
+        dup, request = base.Idup()  # for the collective close, apart from the user's
+        _wait_request(request, seconds, "construction (duplicating the communicator)")
+        address = bytearray(_ADDRESS_BYTES)
+        master = dup.Get_rank() == 0
+        if master:
+            host, token = socket.gethostname(), secrets.token_hex(16)
+            super().__init__(host, 0, None, is_master=True, timeout=timeout,
+                             wait_for_workers=False, token=token)
+            address[:] = f"{host} {self.port} {token}".encode().ljust(_ADDRESS_BYTES, b"\0")
+        _wait_request(dup.Ibcast([address, MPI.BYTE], 0), seconds,
+                      "construction (rank 0 telling the store's address)")
+        if not master:
+            host, port, token = address.rstrip(b"\0").decode().split()
+            super().__init__(host, int(port), None, is_master=False, timeout=timeout,
+                             token=token)
+        self._comm: Optional[Any] = dup
+        _open.append(self)  # closed at exit if the program forgets to
+
+    def close(self) -> None:
+        """Collective: every rank done with its requests, then the server stops."""
+        comm, self._comm = self._comm, None
+        if self in _open:
+            _open.remove(self)
+        if comm is not None:
+            try:
+                _wait_request(comm.Ibarrier(), self._timeout_s, "close (a barrier)")
+            except MPI.Exception as exc:  # a rank died (MPI with ULFM)
+                log.info("JobTCPStore: closed without the other ranks: %s",
+                         exc.Get_error_string().strip())
+            finally:
+                comm.Free()
+        super().close()
+
+    def abandon(self) -> None:
+        """Give the store up without the collective close (a member died); local."""
+        self._comm = None
+        if self in _open:
+            _open.remove(self)
+        super().close()
+
+
 class MPIStore(RequestStore):
     """A store served by rank 0 of ``comm`` (default ``MPI.COMM_WORLD``); collective."""
 
@@ -297,7 +369,7 @@ class MPIStore(RequestStore):
             raise DistStoreError(
                 "MPIStore needs MPI initialized with MPI_THREAD_MULTIPLE (its server is a "
                 "thread on rank 0); set mpi4py.rc.thread_level = 'multiple' before importing "
-                "mpi4py.MPI, or use TCPStore/FileStore")
+                "mpi4py.MPI, or use job_store(), which serves a TCPStore at lower levels")
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL or base.Is_inter():
             raise DistStoreError(f"MPIStore needs an intracommunicator, got {base!r}")

@@ -116,7 +116,8 @@ class Lockstep:
             raise LockstepError(
                 "--hpccomm-lockstep needs MPI initialized with MPI_THREAD_MULTIPLE (its "
                 "watchdog thread receives the other ranks' notices while a test "
-                "communicates); leave mpi4py.rc.thread_level at its default, 'multiple'")
+                "communicates); leave mpi4py.rc.thread_level at its default, 'multiple', "
+                "and HPCCOMM_MPI_THREAD_LEVEL unset")
         self.MPI = MPI
         world = MPI.COMM_WORLD
         self.rank, self.size = world.Get_rank(), world.Get_size()

@@ -68,7 +68,7 @@ class _State:
         #: whether it is ours to free (not when it is MPI_COMM_WORLD itself).
         self.control: Optional[HostGroup] = None
         self.control_owned = False
-        #: The one MPIStore behind every ``mpi://`` rendezvous, and the torch stores made
+        #: The one job store (an MPIStore, or JobTCPStore below MPI_THREAD_MULTIPLE) behind every ``mpi://`` rendezvous, and the torch stores made
         #: over it (kept alive here: torch refers to them only from C++).
         self.store: Any = None
         self.torch_stores: List[MPITorchStore] = []
@@ -112,9 +112,9 @@ def mpi_rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
                              f"rejected the launch settings (see their errors); rank {rank} "
                              f"stops too")
     if _state.store is None:
-        from ..stores.mpi import MPIStore  # collective: a duplicate of COMM_WORLD
+        from ..stores.mpi import job_store  # collective: a duplicate of COMM_WORLD
 
-        _state.store = MPIStore(world, timeout=timeout)
+        _state.store = job_store(world, timeout=timeout)
     store = MPITorchStore(_state.store, f"mpi-rendezvous-{len(_state.torch_stores)}/", timeout)
     _state.torch_stores.append(store)
     yield store, rank, size
@@ -170,8 +170,9 @@ def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
         warnings.warn(
             "hpccomm.torch: MPI was initialized below MPI_THREAD_MULTIPLE, so asynchronous "
             "operations progress only while waited for, and Work.get_future() waits for "
-            "the operation before returning (DDP still works, without overlap). Leave "
-            "mpi4py.rc.thread_level at its default, 'multiple'.", RuntimeWarning,
+            "the operation before returning (DDP still works, without overlap). For "
+            "overlap, leave mpi4py.rc.thread_level at its default, 'multiple', and "
+            "HPCCOMM_MPI_THREAD_LEVEL unset (or 'multiple').", RuntimeWarning,
             stacklevel=2)
     return host
 

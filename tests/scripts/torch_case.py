@@ -145,17 +145,16 @@ def wrong_world_size():
 
 
 def thread_serialized():
-    """MPI below MPI_THREAD_MULTIPLE: no progress thread, a warning, futures still work.
-    (mpi:// refuses it: its store's server is a thread; env:// uses a TCPStore.)"""
+    """MPI below MPI_THREAD_MULTIPLE (the job sets HPCCOMM_MPI_THREAD_LEVEL=serialized):
+    mpi:// serves its store over TCP, asynchronous work has no progress thread (a
+    warning says so), futures and DDP still work."""
     import warnings
 
-    from mpi4py import MPI
-
-    os.environ.update(RANK=str(MPI.COMM_WORLD.Get_rank()),
-                      WORLD_SIZE=str(MPI.COMM_WORLD.Get_size()), MASTER_ADDR="127.0.0.1")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dist.init_process_group("hpccomm", init_method="env://", timeout=TIMEOUT)
+        dist.init_process_group("hpccomm", init_method="mpi://", timeout=TIMEOUT)
+    from mpi4py import MPI
+
     rank, world = dist.get_rank(), dist.get_world_size()
     warned = any("MPI_THREAD_MULTIPLE" in str(w.message) for w in caught)
     future = dist.all_reduce(torch.ones(3), async_op=True).get_future()
@@ -165,7 +164,9 @@ def thread_serialized():
     grads = [torch.empty(2, 2) for _ in range(world)]
     dist.all_gather(grads, model.module.weight.grad)
     assert all(torch.equal(g, grads[0]) for g in grads)
-    say(rank, f"warned={warned}", "ok=1")
+    subgroup = dist.new_group([0, 1])  # through the store's keys
+    dist.barrier(group=subgroup)
+    say(rank, f"warned={warned}", f"level={MPI.Query_thread()}", "ok=1")
     dist.destroy_process_group()
 
 
@@ -173,8 +174,4 @@ CASES = {f.__name__: f for f in (timeouts, env_init, mixed_backend, reinit,
                                   wrong_world_size, thread_serialized)}
 
 if __name__ == "__main__":
-    if sys.argv[1] == "thread_serialized":
-        import mpi4py
-
-        mpi4py.rc.thread_level = "serialized"  # before mpi4py.MPI is imported
     CASES[sys.argv[1]]()
