@@ -8,12 +8,13 @@ The driver never initializes MPI: it alternates ``--repeats`` pairs of jobs unde
 ``--mpiexec`` (default: the one beside this Python), one after the other, and writes
 the merged results (:func:`hpccomm.bench.alternate`, :func:`hpccomm.bench.merge`). The
 first job of a pair is this script under the launcher, with every variant below, at
-mpi4py's default MPI thread level (MPI_THREAD_MULTIPLE, which hpccomm needs); the second
-is ``python -m hpccomm.bench --raw-only --thread-level serialized``: mpi4py's blocking
-call alone at MPI_THREAD_SERIALIZED, where MPICH picks faster small-message algorithms.
-That is the ``mpi4py_serialized`` column (and ``hpccomm_over_mpi4py_serialized_bw``).
-Each job measures for ``--budget / --repeats`` per (op, size); the medians and best
-rounds are over the rounds of all jobs of a kind. Run under a launcher by hand, the
+the MPI thread level hpccomm starts MPI at (:mod:`hpccomm.mpi_level`: MPICH
+serialized, the others multiple); the second is ``python -m hpccomm.bench --raw-only
+--thread-level other``: mpi4py's blocking call alone at the other of MPI_THREAD_MULTIPLE
+and MPI_THREAD_SERIALIZED. Raw mpi4py at MULTIPLE is the ``mpi4py`` column, below it the
+``mpi4py_serialized`` one (and ``hpccomm_over_mpi4py_serialized_bw``), whichever job
+measured it. Each job measures for ``--budget / --repeats`` per (op, size); the medians
+and best rounds are over the rounds of all jobs. Run under a launcher by hand, the
 script is one job of the first kind alone (no ``mpi4py_serialized`` column)::
 
     mpiexec -n 2 python benchmarks/collectives.py --out /tmp/bench_collectives_n2.csv
@@ -170,7 +171,7 @@ def driver(args):
         def first(r):  # the object collectives and the metadata: in the last pair only
             last = r == repeats - 1 and not args.no_objects
             return [HERE, *common, "--out", job_out, *([] if last else ["--no-objects"])]
-        second = ["-m", "hpccomm.bench", "--raw-only", "--thread-level", "serialized",
+        second = ["-m", "hpccomm.bench", "--raw-only", "--thread-level", "other",
                   *common]
         jobs, serialized = bench.alternate(
             first, second, repeats, lambda words: [mpiexec, "-n", str(n), python, *words])
@@ -209,6 +210,9 @@ def main():
     if args.driver:
         driver(args)
         return
+    from hpccomm import mpi_level
+
+    mpi_level.prepare()  # MPI at the level hpccomm starts it at, as users get it
     from mpi4py import MPI
 
     import hpccomm as dist

@@ -34,20 +34,22 @@ send/recv is a ping-pong in pairs (0,1), (2,3)...; its time is half the round tr
 ``benchmarks/collectives.py`` drives this module for the committed report.
 
 The thread level. Some MPI libraries (MPICH) choose slower small-message algorithms when
-MPI runs at MPI_THREAD_MULTIPLE, and a process has one level for good, so the fastest
-floor needs a job of its own: ``hpccomm bench`` (:func:`drive`) runs ``--repeats`` pairs
-of jobs one after the other, a job of every variant above, then a job of the ``mpi4py``
-variant alone with ``mpi4py.rc.thread_level = "serialized"`` (``--raw-only
---thread-level serialized``), on buffers of the same sizes and with the batch lengths of
-the first job. Each job measures for ``budget / repeats`` and writes its rounds' samples
-(``--samples-out``); :func:`merge` pools the rounds of all jobs of a kind, so the median
-and the best round are taken as in one job. The second kind becomes the variant
+MPI runs at MPI_THREAD_MULTIPLE, and a process has one level for good, so raw mpi4py at
+both levels needs two jobs: ``hpccomm bench`` (:func:`drive`) runs ``--repeats`` pairs
+of jobs one after the other, a job of every variant above at the level hpccomm starts MPI
+at (:mod:`hpccomm.mpi_level`), then a job of the ``mpi4py`` variant alone at the other
+of MPI_THREAD_MULTIPLE and MPI_THREAD_SERIALIZED (``--raw-only --thread-level other``),
+on buffers of the same sizes and with the batch lengths of the first job. Each job
+measures for ``budget / repeats`` and writes its rounds' samples (``--samples-out``);
+:func:`merge` pools the rounds of all jobs, so the median and the best round are taken
+as in one job. Raw mpi4py's samples go by their job's level:
 
-* ``mpi4py_serialized`` mpi4py's blocking call at MPI_THREAD_SERIALIZED
+* ``mpi4py``            mpi4py's blocking call at MPI_THREAD_MULTIPLE (mpi4py's default)
+* ``mpi4py_serialized`` the same call below it (MPI_THREAD_SERIALIZED)
 
 with the ratios ``hpccomm_over_mpi4py_serialized_bw`` and
-``mpi4py_over_mpi4py_serialized_bw`` (its time over hpccomm's, over mpi4py's at the
-default level). ``--no-serialized`` runs the single job alone, as does a launcher
+``mpi4py_over_mpi4py_serialized_bw`` (its time over hpccomm's, over mpi4py's at
+MPI_THREAD_MULTIPLE). ``--no-serialized`` runs the single job alone, as does a launcher
 started by hand (``mpiexec ... python -m hpccomm.bench``).
 """
 from __future__ import annotations
@@ -498,29 +500,31 @@ def batch_lengths(job: Dict[str, Any]) -> Dict[str, Dict[str, int]]:
     return {cell_key(c["op"], c["requested"]): c["inner"] for c in job["cells"]}
 
 
-def merge(jobs: Sequence[Dict[str, Any]], serialized: Sequence[Dict[str, Any]] = ()
+def merge(jobs: Sequence[Dict[str, Any]], raw: Sequence[Dict[str, Any]] = ()
           ) -> List[Dict[str, Any]]:
     """Rows (:func:`make_row`) from several jobs' samples: ``jobs`` of every variant and
-    ``serialized`` jobs of mpi4py alone at MPI_THREAD_SERIALIZED, whose ``mpi4py``
-    becomes :data:`SERIALIZED`. Per variant, the median and the best over the rounds of
-    all jobs together; ``rounds`` counts the first kind's rounds, ``loadavg`` is their
-    jobs' mean."""
+    ``raw`` jobs of mpi4py alone at another thread level. Raw mpi4py's samples go by the
+    level of their job: at MPI_THREAD_MULTIPLE to ``mpi4py``, below it to
+    :data:`SERIALIZED`. Per variant, the median and the best over the rounds of all
+    jobs together; ``rounds`` counts the first kind's rounds, ``loadavg`` is their jobs'
+    mean."""
     rows = []
     for cell in jobs[0]["cells"]:
         key = cell_key(cell["op"], cell["requested"])
         pooled: Dict[str, List[float]] = {}
+        inner: Dict[str, int] = {}
         loads = []
-        for job in jobs:
+        for job in [*jobs, *raw]:
             same = next(c for c in job["cells"] if cell_key(c["op"], c["requested"]) == key)
-            loads.append(same["loadavg"])
+            if not job["raw_only"]:
+                loads.append(same["loadavg"])
             for v, values in same["samples"].items():
-                pooled.setdefault(v, []).extend(values)
-        inner = dict(cell["inner"])
-        rounds = len(pooled["mpi4py"])
-        for job in serialized:
-            same = next(c for c in job["cells"] if cell_key(c["op"], c["requested"]) == key)
-            pooled.setdefault(SERIALIZED, []).extend(same["samples"]["mpi4py"])
-            inner[SERIALIZED] = same["inner"]["mpi4py"]
+                name = (SERIALIZED if v == "mpi4py" and job["thread_level"] != "multiple"
+                        else v)
+                pooled.setdefault(name, []).extend(values)
+                inner[name] = same["inner"][v]
+        rounds = sum(len(next(c for c in job["cells"] if cell_key(
+            c["op"], c["requested"]) == key)["samples"]["hpccomm"]) for job in jobs)
         median = {v: float(np.median(s)) for v, s in pooled.items()}
         best = {v: float(np.min(s)) for v, s in pooled.items()}
         variants = [v for v in VARIANTS + SHM_VARIANTS + [SERIALIZED] if v in pooled]
@@ -683,7 +687,7 @@ def parser() -> argparse.ArgumentParser:
                    help="hpccomm bench: one job, without the MPI_THREAD_SERIALIZED column")
     # what one job of the alternation is told (alternate() passes them)
     p.add_argument("--raw-only", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--thread-level", choices=THREAD_LEVELS, default=None,
+    p.add_argument("--thread-level", choices=THREAD_LEVELS + ("other",), default=None,
                    help=argparse.SUPPRESS)
     p.add_argument("--samples-out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--inner-from", default=None, help=argparse.SUPPRESS)
@@ -709,7 +713,7 @@ def job_words(args: argparse.Namespace, raw_only: bool = False) -> List[str]:
     words = ["-m", "hpccomm.bench", "--ops", args.ops, "--sizes", args.sizes,
              "--budget", f"{budget:g}"]
     if raw_only:
-        return words + ["--raw-only", "--thread-level", "serialized"]
+        return words + ["--raw-only", "--thread-level", "other"]
     return words + (["--gloo"] if args.gloo else [])
 
 
@@ -724,9 +728,9 @@ def drive(args: argparse.Namespace, launch_command: Callable[[List[str]], List[s
         return 1
     job = first[0]
     print(f"# {job['ranks']} ranks; {job['vendor']} {job['version']}; hpccomm "
-          f"{job['hpccomm']}; thread level {job['thread_level']}, mpi4py ser: "
-          f"{second[0]['thread_level']}; {len(first)} + {len(second)} jobs alternated",
-          flush=True)
+          f"{job['hpccomm']}; thread level {job['thread_level']}, raw mpi4py also at "
+          f"{second[0]['thread_level']}; {len(first)} + {len(second)} jobs alternated "
+          f"(mpi4py: at multiple; mpi4py ser: below it)", flush=True)
     print(header(args.gloo), flush=True)
     for row in merge(first, second):
         print(format_row(row), flush=True)
@@ -742,12 +746,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         ops, sizes = options(args)
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
-    if args.thread_level is not None:
+    if args.thread_level == "other":  # mpi4py where hpccomm would not run MPI
+        MPI = mpi_level.start_later()
+        mine = mpi_level.choose(MPI.get_vendor()[0])
+        mpi_level.start(MPI, "serialized" if mine == "multiple" else "multiple")
+    elif args.thread_level is not None:
         import mpi4py
 
         mpi4py.rc.thread_level = args.thread_level  # before MPI starts
     else:
-        mpi_level.prepare()  # hpccomm's own level (HPCCOMM_MPI_THREAD_LEVEL)
+        mpi_level.prepare()  # the level hpccomm starts MPI at
     from mpi4py import MPI
 
     from ._version import __version__

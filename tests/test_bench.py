@@ -46,6 +46,8 @@ def test_a_job_writes_samples_that_merge_into_rows(dist, tmp_path_factory):
     second = bench.read_job(f"{folder}/b.json")
     assert second["raw_only"] and json.dumps(second)  # plain JSON
     assert job["thread_level"] == second["thread_level"] == bench.thread_level_name()
+    # a raw job of its own runs at the other level; its samples go to that level's column
+    job["thread_level"], second["thread_level"] = "multiple", "serialized"
     merged = bench.merge([job], [second])
     for row in merged:
         for v in ("hpccomm", "mpi4py", bench.SERIALIZED):

@@ -1,5 +1,6 @@
 """hpccomm at each MPI thread level: HPCCOMM_MPI_THREAD_LEVEL picks the level MPI starts
-at when hpccomm starts it; a level the program gave mpi4py itself is kept. Below
+at when hpccomm starts it; unset, hpccomm picks the library's fastest level, or
+``multiple`` for hpccomm.torch; a level the program gave mpi4py itself is kept. Below
 MPI_THREAD_MULTIPLE the default store is served over TCP (its address agreed over MPI),
 and start-up, the store, collectives small and large, object collectives, a new group
 and teardown all work. Each case is its own job (tests/scripts/thread_level_case.py)."""
@@ -21,13 +22,28 @@ def _ran(job, ranks):
 @pytest.mark.parametrize("level", LEVELS)
 def test_the_setting_picks_the_level_and_everything_works_there(level):
     job = run_case("thread_level_case.py", "job", 2, HPCCOMM_MPI_THREAD_LEVEL=level)
-    store = "MPIStore" if level == "multiple" else "JobTCPStore"
     for fields in _ran(job, 2):
-        assert (fields["level"], fields["store"]) == (level, store), job.output
+        assert (fields["level"], fields["store"]) == (level, _store_at(level)), job.output
 
 
-def test_unset_is_mpi4py_s_default_multiple():
+def _store_at(level):
+    return "MPIStore" if level == "multiple" else "JobTCPStore"
+
+
+def test_unset_is_the_library_s_fastest_level():
+    from mpi4py import MPI
+
+    from hpccomm import mpi_level
+
+    level = mpi_level.FASTEST.get(MPI.get_vendor()[0], "multiple")  # MPICH: serialized
     job = run_case("thread_level_case.py", "job", 2, clean=["HPCCOMM_MPI_THREAD_LEVEL"])
+    for fields in _ran(job, 2):
+        assert (fields["level"], fields["store"]) == (level, _store_at(level)), job.output
+
+
+def test_hpccomm_torch_asks_for_multiple():
+    pytest.importorskip("torch", reason="torch is not installed")
+    job = run_case("thread_level_case.py", "with_torch", 2, clean=["HPCCOMM_MPI_THREAD_LEVEL"])
     for fields in _ran(job, 2):
         assert (fields["level"], fields["store"]) == ("multiple", "MPIStore"), job.output
 
@@ -37,3 +53,13 @@ def test_a_level_the_program_chose_is_kept():
                    clean=["HPCCOMM_MPI_THREAD_LEVEL"])
     for fields in _ran(job, 3):
         assert (fields["level"], fields["store"]) == ("serialized", "JobTCPStore"), job.output
+
+
+def test_a_store_nobody_can_reach_says_what_to_do():
+    job = run_case("thread_level_case.py", "unreachable", 2, limit=60,
+                   HPCCOMM_MPI_THREAD_LEVEL="serialized")
+    assert job.code != 0 and job.seconds < 40, job.output  # every rank raises, none waits
+    assert "rank 1 cannot reach the job's store, which rank 0 serves over TCP" in job.output
+    assert "rank(s) [1] cannot reach the job's store" in job.output  # rank 0's error
+    assert "at no-such-host.invalid:" in job.output
+    assert "set HPCCOMM_MPI_THREAD_LEVEL=multiple" in job.output, job.output

@@ -43,7 +43,7 @@ from hpccomm import mpi_level
 mpi_level.prepare()  # the level HPCCOMM_MPI_THREAD_LEVEL names, if MPI starts here
 from mpi4py import MPI  # noqa: E402
 
-from hpccomm.errors import DistStoreError
+from hpccomm.errors import DistError, DistStoreError
 from hpccomm.stores import _spin
 from hpccomm.stores._core import Outgoing, StoreCore
 from hpccomm.stores._wire import (Op, ProtocolError, Status, decode_reply, encode_reply,
@@ -322,18 +322,40 @@ class JobTCPStore(TCPStore):
         dup, request = base.Idup()  # for the collective close, apart from the user's
         _wait_request(request, seconds, "construction (duplicating the communicator)")
         address = bytearray(_ADDRESS_BYTES)
-        master = dup.Get_rank() == 0
-        if master:
-            host, token = socket.gethostname(), secrets.token_hex(16)
-            super().__init__(host, 0, None, is_master=True, timeout=timeout,
+        rank = dup.Get_rank()
+        master = rank == 0
+        if master:  # every interface: the host name may resolve to loopback here
+            token = secrets.token_hex(16)
+            super().__init__("", 0, None, is_master=True, timeout=timeout,
                              wait_for_workers=False, token=token)
-            address[:] = f"{host} {self.port} {token}".encode().ljust(_ADDRESS_BYTES, b"\0")
+            host, port = socket.gethostname(), self.port
+            address[:] = f"{host} {port} {token}".encode().ljust(_ADDRESS_BYTES, b"\0")
         _wait_request(dup.Ibcast([address, MPI.BYTE], 0), seconds,
                       "construction (rank 0 telling the store's address)")
+        error: Optional[DistError] = None
         if not master:
             host, port, token = address.rstrip(b"\0").decode().split()
-            super().__init__(host, int(port), None, is_master=False, timeout=timeout,
-                             token=token)
+            try:
+                super().__init__(host, int(port), None, is_master=False, timeout=timeout,
+                                 token=token)
+            except DistError as exc:
+                error = exc
+        # every rank learns who could not connect, so that all raise, none waits for ever
+        mine, every = bytearray([error is not None]), bytearray(dup.Get_size())
+        _wait_request(dup.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE]), seconds,
+                      "construction (ranks agreeing that they reached the store)")
+        failed = [rank for rank, bad in enumerate(every) if bad]
+        if failed:
+            if master:
+                super().close()
+            dup.Free()
+            why = (f"the job's store, which rank 0 serves over TCP because MPI runs below "
+                   f"MPI_THREAD_MULTIPLE, at {host}:{port}; let every node reach {host} by "
+                   f"TCP, or set HPCCOMM_MPI_THREAD_LEVEL=multiple to serve the store over MPI")
+            if error is not None:
+                raise type(error)(f"rank {rank} cannot reach {why} ({error})"
+                                  ) from error
+            raise DistStoreError(f"rank(s) {failed} cannot reach {why} (see their errors)")
         self._comm: Optional[Any] = dup
         _open.append(self)  # closed at exit if the program forgets to
 

@@ -110,6 +110,10 @@ class Lockstep:
     """The ranks' agreement on each test, their watchdogs and the interrupts."""
 
     def __init__(self, timeout: float, grace: float, start_limit: float):
+        from .. import mpi_level
+
+        mpi_level.need_multiple("--hpccomm-lockstep's watchdog")
+        mpi_level.prepare()
         from mpi4py import MPI
 
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:

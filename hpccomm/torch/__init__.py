@@ -31,7 +31,13 @@ import importlib
 
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module
 
-from .bootstrap import create_group, mpi_rendezvous
+from .. import mpi_level
+
+# Asynchronous operations progress in a thread of their own (torch/progress.py), which
+# calls MPI: if hpccomm starts MPI, it starts it at MPI_THREAD_MULTIPLE.
+mpi_level.need_multiple("hpccomm.torch's progress thread")
+
+from .bootstrap import create_group, mpi_rendezvous  # noqa: E402
 from .errors import DistBackendError, DistTimeoutError, ProcessFailedError
 from .fault import agree, revoke, shrink_group
 from . import mpi_backend

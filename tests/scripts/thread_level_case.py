@@ -1,6 +1,7 @@
 """hpccomm at the MPI thread level the job's HPCCOMM_MPI_THREAD_LEVEL names (case
-``job``), or the one the program gave mpi4py before importing hpccomm (case
-``program_chose_serialized``); started by tests/test_thread_level.py. Each rank prints
+``job``), the one the program gave mpi4py before importing hpccomm (case
+``program_chose_serialized``), or the one with ``hpccomm.torch`` imported (case
+``with_torch``), or rank 0's host unreachable (case ``unreachable``); started by tests/test_thread_level.py. Each rank prints
 ``RESULT rank=R level=... store=... ok=1`` (or ``error=...``)."""
 import os
 import sys
@@ -15,7 +16,7 @@ import hpccomm as dist  # noqa: E402
 def job() -> str:
     """Start-up over the default store, the store itself, collectives small and large,
     object collectives, a new group and teardown."""
-    dist.init_process_group(timeout=60)
+    dist.init_process_group(timeout=5 if sys.argv[1:] == ["unreachable"] else 60)
     from mpi4py import MPI
 
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -50,9 +51,17 @@ if __name__ == "__main__":
         import mpi4py
 
         mpi4py.rc.thread_level = "serialized"
+    elif sys.argv[1:] == ["with_torch"]:  # its progress thread needs MPI_THREAD_MULTIPLE
+        import hpccomm.torch  # noqa: F401
+    elif sys.argv[1:] == ["unreachable"]:  # rank 0 names a host nobody can reach
+        import socket
+
+        socket.gethostname = lambda: "no-such-host.invalid"
     rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK", "?")
     try:
         print(f"RESULT rank={rank} {job()} ok=1", flush=True)
     except Exception as exc:  # one line for the test, the traceback for a person
+        if sys.argv[1:] == ["unreachable"]:
+            raise  # as in a user's program: the traceback, and the job ends
         traceback.print_exc()
         print(f"RESULT rank={rank} error={type(exc).__name__}: {exc}", flush=True)
