@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -35,10 +36,21 @@ CASES = {
 }
 
 
-def launch(command):
+#: How gloo's teardown sometimes ends a process that has finished its work: a C++
+#: thread still running when its owner is destroyed at exit (torch's own issue).
+GLOO_TEARDOWN = "terminate called without an active exception"
+
+
+def launch(command, finished=None):
+    """Run ``command``; it must exit 0, unless ``finished()`` says that every rank wrote
+    its results and the output shows gloo's teardown crash (the reference runs only)."""
     done = subprocess.run(command, cwd=ROOT, env=job_env({}, TORCH_LAUNCH),
                           capture_output=True, text=True, timeout=LIMIT)
     output = done.stdout + done.stderr
+    if done.returncode != 0 and finished is not None and finished() and (
+            GLOO_TEARDOWN in output):
+        warnings.warn(f"the gloo reference crashed at exit after its work: {GLOO_TEARDOWN}")
+        return output
     assert done.returncode == 0, output[-6000:]
     return output
 
@@ -61,7 +73,8 @@ def trained(recipe, n, backend, tmp_path):
                    "--backend", "gloo", "--out", str(out)]
     else:  # as the recipe says: plain mpiexec, the backend's default choice
         command = [mpiexec(), "-n", str(n), sys.executable, script, "--out", str(out)]
-    launch(command)
+    launch(command, finished=(lambda: all((out / f"rank{r}.json").exists() for r in range(n)))
+           if backend == "gloo" else None)
     return weights(out, n)
 
 

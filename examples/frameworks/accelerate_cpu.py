@@ -35,6 +35,7 @@ def main():
     seen = accelerator.gather(torch.tensor([accelerator.process_index]))
     assert seen.tolist() == list(range(accelerator.num_processes)), seen
     report(args.out, accelerator.process_index, accelerator.state.backend, net)
+    accelerator.wait_for_everyone()  # every rank done before the group is torn down
     accelerator.end_training()
 
 
