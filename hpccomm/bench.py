@@ -747,9 +747,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
     if args.thread_level == "other":  # mpi4py where hpccomm would not run MPI
-        MPI = mpi_level.start_later()
-        mine = mpi_level.choose(MPI.get_vendor()[0])
-        mpi_level.start(MPI, "serialized" if mine == "multiple" else "multiple")
+        import mpi4py
+
+        mpi4py.rc.thread_level = ("serialized" if mpi_level.chosen() == "multiple"
+                                  else "multiple")
     elif args.thread_level is not None:
         import mpi4py
 

@@ -304,9 +304,8 @@ OVERSUBSCRIBED = _declare(
 MPI_THREAD_LEVEL = _declare(
     "MPI_THREAD_LEVEL", choice("single", "funneled", "serialized", "multiple"), None,
     "MPI initialization",
-    "The thread level hpccomm starts MPI at; unset: multiple where a feature's thread "
-    "calls MPI (hpccomm.torch, lockstep tests), else the library's fastest (MPICH: "
-    "serialized; others: multiple).")
+    "The thread level hpccomm starts MPI at; unset: mpi4py's (mpi4py.rc.thread_level, "
+    "multiple unless the program changed it).")
 MPI_DIRECT = _declare(
     "MPI_DIRECT", FLAG, True, "first use",
     "A blocking in-place sum may start and spin in the C helper; 0: the general path only.")

@@ -292,12 +292,8 @@ def test_bench_measures_hpccomm_against_mpi4py_on_two_ranks():
         # over hpccomm's and over mpi4py's at the default level
         serialized, ratios = float(row[-3]), [float(x) for x in row[-2:]]
         assert serialized > 0 and all(0 < r < 100 for r in ratios)
-    from hpccomm import mpi_level
-
-    level = mpi_level.FASTEST.get(_mpi_facts()["vendor"], "multiple")  # hpccomm's own
-    other = "serialized" if level == "multiple" else "multiple"
-    assert "mpi4py ser" in result.stdout
-    assert f"thread level {level}, raw mpi4py also at {other};" in result.stdout
+    assert "mpi4py ser" in result.stdout  # hpccomm's level, and raw mpi4py's other one
+    assert "thread level multiple, raw mpi4py also at serialized;" in result.stdout
     assert "2 ranks" in result.stdout and "gloo" not in result.stdout
     assert f"; {_mpi_facts()['vendor']} " in result.stdout  # the library it ran on
 

@@ -1,6 +1,6 @@
 """hpccomm at each MPI thread level: HPCCOMM_MPI_THREAD_LEVEL picks the level MPI starts
-at when hpccomm starts it; unset, hpccomm picks the library's fastest level, or
-``multiple`` for hpccomm.torch; a level the program gave mpi4py itself is kept. Below
+at when hpccomm starts it (unset: mpi4py's, multiple); a level the program gave mpi4py
+itself is kept. Below
 MPI_THREAD_MULTIPLE the default store is served over TCP (its address agreed over MPI),
 and start-up, the store, collectives small and large, object collectives, a new group
 and teardown all work. Each case is its own job (tests/scripts/thread_level_case.py)."""
@@ -19,6 +19,10 @@ def _ran(job, ranks):
     return [fields for _, fields in found]
 
 
+def _store_at(level):
+    return "MPIStore" if level == "multiple" else "JobTCPStore"
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_the_setting_picks_the_level_and_everything_works_there(level):
     job = run_case("thread_level_case.py", "job", 2, HPCCOMM_MPI_THREAD_LEVEL=level)
@@ -26,24 +30,8 @@ def test_the_setting_picks_the_level_and_everything_works_there(level):
         assert (fields["level"], fields["store"]) == (level, _store_at(level)), job.output
 
 
-def _store_at(level):
-    return "MPIStore" if level == "multiple" else "JobTCPStore"
-
-
-def test_unset_is_the_library_s_fastest_level():
-    from mpi4py import MPI
-
-    from hpccomm import mpi_level
-
-    level = mpi_level.FASTEST.get(MPI.get_vendor()[0], "multiple")  # MPICH: serialized
+def test_unset_is_mpi4py_s_default_multiple():
     job = run_case("thread_level_case.py", "job", 2, clean=["HPCCOMM_MPI_THREAD_LEVEL"])
-    for fields in _ran(job, 2):
-        assert (fields["level"], fields["store"]) == (level, _store_at(level)), job.output
-
-
-def test_hpccomm_torch_asks_for_multiple():
-    pytest.importorskip("torch", reason="torch is not installed")
-    job = run_case("thread_level_case.py", "with_torch", 2, clean=["HPCCOMM_MPI_THREAD_LEVEL"])
     for fields in _ran(job, 2):
         assert (fields["level"], fields["store"]) == ("multiple", "MPIStore"), job.output
 

@@ -112,7 +112,6 @@ class Lockstep:
     def __init__(self, timeout: float, grace: float, start_limit: float):
         from .. import mpi_level
 
-        mpi_level.need_multiple("--hpccomm-lockstep's watchdog")
         mpi_level.prepare()
         from mpi4py import MPI
 

@@ -31,13 +31,7 @@ import importlib
 
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module
 
-from .. import mpi_level
-
-# Asynchronous operations progress in a thread of their own (torch/progress.py), which
-# calls MPI: if hpccomm starts MPI, it starts it at MPI_THREAD_MULTIPLE.
-mpi_level.need_multiple("hpccomm.torch's progress thread")
-
-from .bootstrap import create_group, mpi_rendezvous  # noqa: E402
+from .bootstrap import create_group, mpi_rendezvous
 from .errors import DistBackendError, DistTimeoutError, ProcessFailedError
 from .fault import agree, revoke, shrink_group
 from . import mpi_backend

@@ -1,7 +1,7 @@
 """hpccomm at the MPI thread level the job's HPCCOMM_MPI_THREAD_LEVEL names (case
 ``job``), the one the program gave mpi4py before importing hpccomm (case
-``program_chose_serialized``), or the one with ``hpccomm.torch`` imported (case
-``with_torch``), or rank 0's host unreachable (case ``unreachable``); started by tests/test_thread_level.py. Each rank prints
+``program_chose_serialized``), or with rank 0's host unreachable (case
+``unreachable``); started by tests/test_thread_level.py. Each rank prints
 ``RESULT rank=R level=... store=... ok=1`` (or ``error=...``)."""
 import os
 import sys
@@ -51,8 +51,6 @@ if __name__ == "__main__":
         import mpi4py
 
         mpi4py.rc.thread_level = "serialized"
-    elif sys.argv[1:] == ["with_torch"]:  # its progress thread needs MPI_THREAD_MULTIPLE
-        import hpccomm.torch  # noqa: F401
     elif sys.argv[1:] == ["unreachable"]:  # rank 0 names a host nobody can reach
         import socket
 
