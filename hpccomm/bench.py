@@ -659,10 +659,11 @@ def header(gloo: bool) -> str:
                     [f"{t:>8s}" for t in tail] + [f"{n:>10s}" for n in shm] +
                     [f"{t:>8s}" for t in shm_tail] + [f"{'mpi4py ser':>10s}"] +
                     [f"{t:>8s}" for t in ("hp/ser bw", "mpi/ser bw")]) + "\n" + " " * 32 + \
-        "(median µs per operation; mpi4py, mpi4py nb: at this job's MPI thread level; " \
-        "SHM=0: hpccomm through MPI alone; window: arrays from hpccomm.shm.empty; " \
-        "ceiling: the memory traffic alone; mpi4py ser: mpi4py's blocking call in a " \
-        "second job at MPI_THREAD_SERIALIZED)"
+        "(median µs per operation; mpi4py: blocking call at MPI_THREAD_MULTIPLE; " \
+        "mpi4py nb: nonblocking call + Wait at hpccomm's level; SHM=0: hpccomm through " \
+        "MPI alone; window: arrays from hpccomm.shm.empty; ceiling: the memory traffic " \
+        "alone; mpi4py ser: blocking call at MPI_THREAD_SERIALIZED; the level hpccomm " \
+        "does not run at is a second job's)"
 
 
 def parser() -> argparse.ArgumentParser:
