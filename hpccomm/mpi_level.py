@@ -8,9 +8,11 @@ at mpi4py's when the setting is unset. When the program imported ``mpi4py.MPI`` 
 hpccomm needed it, MPI runs at the level the program chose. This module itself never
 imports ``mpi4py.MPI``.
 
-hpccomm works at every level. Below ``multiple`` only one thread may be inside MPI at a
-time, and MPICH picks faster shared-memory algorithms for small collectives
-(``docs/results/thread-levels.md``); hpccomm's own threads adapt: the job's store is
+hpccomm works at every level, including a lower one than asked that the library
+provides. Below ``multiple`` only one thread may be inside MPI at a time, and MPICH
+picks faster shared-memory algorithms for small *blocking* collectives
+(``docs/results/thread-levels.md``; hpccomm's own operations are nonblocking and gain
+nothing); hpccomm's own threads adapt: the job's store is
 served over TCP instead of by an MPI thread (:func:`hpccomm.stores.mpi.job_store`), and
 ``hpccomm.torch``'s asynchronous operations progress while waited for.
 """
