@@ -73,8 +73,10 @@ def _new_tag() -> int:
         return 1 + (next(_tags) - 1) % (upper - 1)
 
 
-def _wait_request(request: MPI.Request, seconds: float, what: str) -> None:
-    """Poll ``request`` until it completes; ``DistStoreError`` after ``seconds``."""
+def _wait_request(request: MPI.Request, seconds: float, what: str,
+                  store: str = "MPIStore") -> None:
+    """Poll ``request`` until it completes; ``DistStoreError`` after ``seconds``, naming
+    the ``store`` and ``what`` it waited for."""
     now = time.monotonic()
     deadline, spin_end = now + seconds, now + _spin.CLIENT_SPIN_S
     delay = _MIN_SLEEP_S
@@ -84,7 +86,7 @@ def _wait_request(request: MPI.Request, seconds: float, what: str) -> None:
             _spin.sched_yield()
             continue
         if now > deadline:
-            raise DistStoreError(f"MPIStore: {what} did not complete within {seconds:.0f}s "
+            raise DistStoreError(f"{store}: {what} did not complete within {seconds:g}s "
                                  "(does every rank of the communicator take part?)")
         time.sleep(delay)
         delay = min(delay * 2, _CLIENT_SLEEP_S)
@@ -320,7 +322,8 @@ class JobTCPStore(TCPStore):
         base = MPI.COMM_WORLD if comm is None else comm
         seconds = timeout_seconds(timeout, DEFAULT_TIMEOUT.total_seconds())
         dup, request = base.Idup()  # for the collective close, apart from the user's
-        _wait_request(request, seconds, "construction (duplicating the communicator)")
+        _wait_request(request, seconds, "construction (duplicating the communicator)",
+                      "JobTCPStore")
         address = bytearray(_ADDRESS_BYTES)
         rank = dup.Get_rank()
         master = rank == 0
@@ -331,7 +334,7 @@ class JobTCPStore(TCPStore):
             host, port = socket.gethostname(), self.port
             address[:] = f"{host} {port} {token}".encode().ljust(_ADDRESS_BYTES, b"\0")
         _wait_request(dup.Ibcast([address, MPI.BYTE], 0), seconds,
-                      "construction (rank 0 telling the store's address)")
+                      "construction (rank 0 telling the store's address)", "JobTCPStore")
         error: Optional[DistError] = None
         if not master:
             host, port, token = address.rstrip(b"\0").decode().split()
@@ -343,7 +346,8 @@ class JobTCPStore(TCPStore):
         # every rank learns who could not connect, so that all raise, none waits for ever
         mine, every = bytearray([error is not None]), bytearray(dup.Get_size())
         _wait_request(dup.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE]), seconds,
-                      "construction (ranks agreeing that they reached the store)")
+                      "construction (ranks agreeing that they reached the store)",
+                      "JobTCPStore")
         failed = [rank for rank, bad in enumerate(every) if bad]
         if failed:
             if master:
@@ -364,15 +368,17 @@ class JobTCPStore(TCPStore):
         comm, self._comm = self._comm, None
         if self in _open:
             _open.remove(self)
-        if comm is not None:
-            try:
-                _wait_request(comm.Ibarrier(), self._timeout_s, "close (a barrier)")
-            except MPI.Exception as exc:  # a rank died (MPI with ULFM)
-                log.info("JobTCPStore: closed without the other ranks: %s",
-                         exc.Get_error_string().strip())
-            finally:
+        try:
+            if comm is not None:
+                _wait_request(comm.Ibarrier(), self._timeout_s, "close (a barrier)",
+                              "JobTCPStore")
+        except MPI.Exception as exc:  # a rank died (MPI with ULFM)
+            log.info("JobTCPStore: closed without the other ranks: %s",
+                     exc.Get_error_string().strip())
+        finally:  # the server stops even when the barrier timed out
+            if comm is not None:
                 comm.Free()
-        super().close()
+            super().close()
 
     def abandon(self) -> None:
         """Give the store up without the collective close (a member died); local."""
