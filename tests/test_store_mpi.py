@@ -1,4 +1,5 @@
-"""MPIStore under mpiexec (run at 2 and 4 ranks with ``--with-mpi``)."""
+"""MPIStore, and JobTCPStore (the job's store below MPI_THREAD_MULTIPLE), under mpiexec
+(run at 2 and 4 ranks with ``--with-mpi``)."""
 import datetime
 import time
 
@@ -7,11 +8,25 @@ import pytest
 from hpccomm.errors import DistStoreError
 
 
-@pytest.fixture
-def mpi_store():
-    from hpccomm.stores import MPIStore
+def _made(kind):
+    from hpccomm.stores import mpi
 
-    store = MPIStore(timeout=datetime.timedelta(seconds=20))
+    return getattr(mpi, kind)(timeout=datetime.timedelta(seconds=20))
+
+
+@pytest.fixture(params=["MPIStore", "JobTCPStore"])
+def mpi_store(request):
+    """Each store over the job's communicator, through the same contract."""
+    store = _made(request.param)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def only_mpi_store():
+    """An MPIStore, for what is its own: its server thread, clones closed with it (a
+    JobTCPStore's clones keep the TCP server alive, as TCPStore's do)."""
+    store = _made("MPIStore")
     yield store
     store.close()
 
@@ -76,7 +91,8 @@ def test_queues_and_timeouts(mpi_store):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_clone_append_delete_and_close_is_idempotent(mpi_store):
+def test_clone_append_delete_and_close_is_idempotent(only_mpi_store):
+    mpi_store = only_mpi_store
     twin = mpi_store.clone()
     twin.append("log", f"[{mpi_store.rank}]")
     mpi_store.barrier("appended", mpi_store.world_size)
@@ -162,9 +178,10 @@ def _thread_cpu_seconds(thread):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/task"), reason="Linux /proc")
-def test_idle_server_thread_sleeps_instead_of_spinning(mpi_store):
+def test_idle_server_thread_sleeps_instead_of_spinning(only_mpi_store):
     from mpi4py import MPI
 
+    mpi_store = only_mpi_store
     for i in range(200):  # a burst: the server spins for a while after it
         mpi_store.add("burst", 1)
     MPI.COMM_WORLD.Barrier()

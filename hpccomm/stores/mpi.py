@@ -361,7 +361,18 @@ class JobTCPStore(TCPStore):
                                   ) from error
             raise DistStoreError(f"rank(s) {failed} cannot reach {why} (see their errors)")
         self._comm: Optional[Any] = dup
+        self._rank, self._size = rank, dup.Get_size()
         _open.append(self)  # closed at exit if the program forgets to
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the store's communicator."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The size of the store's communicator."""
+        return self._size
 
     def close(self) -> None:
         """Collective: every rank done with its requests, then the server stops."""
