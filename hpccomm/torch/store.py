@@ -6,9 +6,10 @@ It is a ``torch.distributed.Store`` subclass, so torch's C++ code (``PrefixStore
 bootstrap of ``"cpu:hpccomm,cuda:nccl"``) reaches it through torch's store trampoline.
 
 It forwards the core operations (set, get, add, compare_set, wait, check, delete_key,
-num_keys); torch builds append and the multi-key calls on them. One
-:class:`~hpccomm.stores.mpi.MPIStore` serves the whole process (creating one is
-collective and starts a server thread on rank 0); each rendezvous gets its own key
+num_keys); torch builds append and the multi-key calls on them. One job store serves
+the whole process (:func:`~hpccomm.stores.mpi.job_store`: an ``MPIStore``, whose server is
+a thread on rank 0, or below MPI_THREAD_MULTIPLE a ``JobTCPStore``; creating either is
+collective); each rendezvous gets its own key
 namespace in it, so a second ``init_process_group`` after ``destroy_process_group``
 never reads the first one's keys. The rendezvous keeps each store alive: torch holds it only from C++, which does not keep
 a Python subclass's methods alive. Timeouts follow torch's ``set_timeout``; errors are
@@ -36,7 +37,7 @@ def _torch_error(exc: errors.DistStoreError) -> DistStoreError:
 
 
 class MPITorchStore(dist.Store):
-    """A torch Store over an hpccomm store (an ``MPIStore``), under key prefix ``prefix``."""
+    """A torch Store over an hpccomm store (the job's store), under key prefix ``prefix``."""
 
     def __init__(self, inner: Any, prefix: str = "",
                  timeout: datetime.timedelta = datetime.timedelta(seconds=300)):
