@@ -1,7 +1,8 @@
 """``MPITorchStore``: torch's ``Store`` interface served over MPI by hpccomm's MPIStore.
 
 torch needs a key-value store for every process group (its ``PrefixStore`` wraps it);
-``mpi://`` hands it this one, so nothing listens on a port and no address is exchanged.
+``mpi://`` hands it this one, so no address is exchanged by hand (at MPI_THREAD_MULTIPLE
+nothing listens on a port at all).
 It is a ``torch.distributed.Store`` subclass, so torch's C++ code (``PrefixStore``, NCCL's
 bootstrap of ``"cpu:hpccomm,cuda:nccl"``) reaches it through torch's store trampoline.
 
@@ -9,9 +10,9 @@ It forwards the core operations (set, get, add, compare_set, wait, check, delete
 num_keys); torch builds append and the multi-key calls on them. One job store serves
 the whole process (:func:`~hpccomm.stores.mpi.job_store`: an ``MPIStore``, whose server is
 a thread on rank 0, or below MPI_THREAD_MULTIPLE a ``JobTCPStore``; creating either is
-collective); each rendezvous gets its own key
-namespace in it, so a second ``init_process_group`` after ``destroy_process_group``
-never reads the first one's keys. The rendezvous keeps each store alive: torch holds it only from C++, which does not keep
+collective); each rendezvous gets its own key namespace in it, so a second
+``init_process_group`` after ``destroy_process_group`` never reads the first one's keys.
+The rendezvous keeps each store alive: torch holds it only from C++, which does not keep
 a Python subclass's methods alive. Timeouts follow torch's ``set_timeout``; errors are
 raised as classes that are both hpccomm's and torch's ``DistStoreError``.
 """
