@@ -147,7 +147,7 @@ def _bump(pg):
 
 def _lean_all_reduce(pg, comm):
     """A minimal sync all_reduce with hpccomm's semantics for the common case (see main)."""
-    from hpccomm.backends.mpi.communicator import _plan
+    from hpccomm.backends.mpi.communicator import reduction_plan as _plan
     from hpccomm.errors import DistTimeoutError
     from hpccomm.types import RedOpType
     ndarray = np.ndarray
