@@ -188,6 +188,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         raise DistValueError(f"init_process_group: rank(s) {failing} rejected the launch "
                              f"settings (see their errors); rank {mpi_rank} stops too")
     backends = backend_map(backend, "init_process_group")
+    shared = poll_policy(world_comm)  # before any group: native spins take it at creation
     comm = mpi.dup(world_comm)
     pg = ProcessGroup(comm, name=group_name or "WORLD", world_ranks=range(mpi_size),
                       timeout=seconds, backends=backends)
@@ -205,7 +206,6 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     except BaseException:
         destroy_process_group()
         raise
-    shared = poll_policy(world_comm)
     report_initialized(pg, seconds, shared, type(registry.store).__name__)
 
 
