@@ -3,9 +3,11 @@ C compiler hpccomm installs and runs on its pure-Python paths."""
 from setuptools import Extension, setup
 
 #: module -> source: native waits and in-place sums (MPI family), two-rank shared-memory
-#: sums (shared-memory family); both include the clock and spin of backends/_spin.h.
+#: sums and small collectives (shared-memory family); all include the clock and spin of
+#: backends/_spin.h.
 HELPERS = {"hpccomm.backends.mpi._direct": "hpccomm/backends/mpi/_direct.c",
-           "hpccomm.backends.shm._pair": "hpccomm/backends/shm/_pair.c"}
+           "hpccomm.backends.shm._pair": "hpccomm/backends/shm/_pair.c",
+           "hpccomm.backends.shm._small": "hpccomm/backends/shm/_small.c"}
 
 setup(ext_modules=[Extension(name, [source], depends=["hpccomm/backends/_spin.h"],
                              optional=True)

@@ -276,6 +276,11 @@ SHM_MIN_BYTES = _declare(
     "SHM_MIN_BYTES", SIZE, 0, "group creation",
     "One threshold from which all_reduce, reduce_scatter, all_gather and broadcast use "
     "shared memory; 0: the measured threshold of each operation.")
+SHM_SMALL = _declare(
+    "SHM_SMALL", SIZE, None, "group creation",
+    "Largest message of the small-collective path through shared memory (all_reduce, "
+    "broadcast, all_gather, reduce_scatter, all_to_all, barrier); 0: MPI for small "
+    "messages; unset: the measured sizes of each operation.")
 SHM_CHUNK = _declare(
     "SHM_CHUNK", SIZE, 0, "group creation",
     "Bytes of one shared-memory ring slot, split among the ranks; 0: 512K, at least 64K "

@@ -98,7 +98,8 @@ def test_install_tree(installed):
     assert (installed.site / "hpccomm" / "__init__.py").is_file()
     backends = installed.site / "hpccomm" / "backends"
     assert (backends / "mpi" / "communicator.py").is_file()
-    for family, helper in (("mpi", "_direct"), ("shm", "_pair")):  # the C helpers, built
+    helpers = (("mpi", "_direct"), ("shm", "_pair"), ("shm", "_small"))
+    for family, helper in helpers:  # the C helpers, built
         assert list((backends / family).glob(f"{helper}.*.so")), sorted(backends.rglob("*"))
     dist_info = installed.site / f"hpccomm-{installed.version}.dist-info"
     assert "hpccomm.pytest_plugin" in (dist_info / "entry_points.txt").read_text()

@@ -20,13 +20,17 @@ Reductions arrive as ``(kind, factor)``: a :class:`~hpccomm.types.RedOpType` and
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from ..types import RedOpType
 from ..work import Started, Work
 
 #: What every operation returns: a host-side triple, or a backend's own Work.
 Outcome = Union[Started, Work]
+
+
+#: Operation codes of :attr:`Communicator.small_run` (the shared-memory small channel's).
+BARRIER, ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = range(6)
 
 
 class Communicator(abc.ABC):
@@ -41,6 +45,13 @@ class Communicator(abc.ABC):
     direct_below = 0
     #: dtype -> MPI datatype handle, the dtypes that direct form takes.
     direct_types: Dict[Any, int] = {}
+    #: The whole synchronous small operation in native code, where the backend has it
+    #: (the shared-memory backend's small channel): ``small_run(code, send, recv,
+    #: redop, root)`` returns 0 once done, -1 where it does not apply (the general path
+    #: then starts it), else the running operation's number (``small.started(number)``
+    #: waits for it). ``None``: the backend has none.
+    small_run: Optional[Callable[..., int]] = None
+    small: Any = None
 
     # -- collectives ------------------------------------------------------------------
     @abc.abstractmethod

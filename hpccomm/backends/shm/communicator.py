@@ -48,6 +48,8 @@ from ..mpi import communicator as _mpi_backend
 from ..mpi.communicator import MPICommunicator
 from ..mpi import ft as mpi_ft, placement
 from . import cma as shm_cma, hier as shm_hier, pair as shm_pair, segment as shm_segment
+from . import small as shm_small
+from .small import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, REDUCE_SCATTER
 from .algorithms import (AllGather, AllReduce, Broadcast, Collective, ReduceScatter,
                          KERNEL_LAYOUT, chunks, descriptor, tag_of)
 from .reduce import Reducer
@@ -148,7 +150,8 @@ def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunic
     cross = comm.Split(node.Get_rank(), comm.Get_rank())
     try:
         local = SharedMemoryCommunicator(node, timeout, node.Dup(), piece,
-                                         dict.fromkeys(DEFAULT_MIN_BYTES, 1), kernel)
+                                         dict.fromkeys(DEFAULT_MIN_BYTES, 1), kernel,
+                                         small=False)
     except OSError:  # every rank of the node gets it; the others must not go on alone
         local = None
     if not comm.allreduce(local is not None, op=MPI.LAND):
@@ -180,13 +183,22 @@ class SharedMemoryCommunicator(MPICommunicator):
     """An MPI communicator whose large collectives run through shared memory."""
 
     def __init__(self, comm: Any, timeout: Optional[float], node: Any, piece_bytes: int,
-                 min_bytes: Dict[str, int], kernel: bool = False):
+                 min_bytes: Dict[str, int], kernel: bool = False, small: bool = True):
         super().__init__(comm, timeout)
         self.node = node
         self.min_reduce = max(1, min_bytes["all_reduce"])
         self.min_scatter = max(1, min_bytes["reduce_scatter"])
         self.min_gather = max(1, min_bytes["all_gather"])
         self.min_bcast = max(1, min_bytes["broadcast"])
+        #: The small-collective channel (:mod:`.small`), else None: small operations go
+        #: through MPI. It stops below the ring's thresholds (sizes as it counts them).
+        below = {ALL_REDUCE: self.min_reduce - 1, BROADCAST: self.min_bcast - 1,
+                 ALL_GATHER: (self.min_gather - 1) // self.size,
+                 REDUCE_SCATTER: (self.min_scatter - 1) // self.size}
+        self.small = (shm_small.channel(node, self.rank, _work.spin_yield_every(), timeout,
+                                        below) if small else None)
+        self.small_run = self.small.run if self.small is not None else None
+        self._small_sizes = self.small.sizes if self.small is not None else (0,) * 6
         self.piece_bytes = piece_bytes
         self.slot_bytes = piece_bytes * self.size
         self.slots = SLOTS
@@ -223,6 +235,9 @@ class SharedMemoryCommunicator(MPICommunicator):
         self._reducers: Dict[Any, Reducer] = {}
         self._direct_dtypes = {handle: np.dtype(dtype)
                                for dtype, handle in self.direct_types.items()}
+        #: MPI datatype handle -> the small channel's element kind (direct form)
+        self._small_kinds = {handle: shm_small.kind(dtype)
+                             for handle, dtype in self._direct_dtypes.items()}
         if self.kernel_types:  # the direct form goes on through shared memory
             self.direct_below = max(self.direct_below, _INT_MAX) if self.direct_types else 0
         else:  # MPI's direct form, below the shared-memory threshold
@@ -311,7 +326,18 @@ class SharedMemoryCommunicator(MPICommunicator):
         return found
 
     # -- collectives ------------------------------------------------------------------
+    def _small_start(self, code: int, send: Any, recv: Any, redop: int = 0,
+                     root: int = 0) -> Optional[Started]:
+        """The operation on the small channel, or ``None`` where it does not apply."""
+        if self._small_sizes[code] <= 0:
+            return None
+        return self.small.start(code, send, recv, redop, root)
+
     def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
+        if factor is None and buf.nbytes <= self._small_sizes[ALL_REDUCE]:
+            started = self._small_start(ALL_REDUCE, buf, buf, kind)
+            if started is not None:
+                return started
         if buf.nbytes < self.min_reduce:
             return MPICommunicator.all_reduce(self, buf, kind, factor)
         flat = buf.reshape(-1)
@@ -333,6 +359,16 @@ class SharedMemoryCommunicator(MPICommunicator):
         state machine (see :meth:`MPICommunicator.sum_in_place_at`)."""
         dtype = self._direct_dtypes[datatype]
         nbytes = count * dtype.itemsize
+        if nbytes <= self._small_sizes[ALL_REDUCE]:  # the small channel, as all_reduce
+            running = self.small.sum_at(address, nbytes, self._small_kinds[datatype])
+            if running == 0:
+                return None
+            if running > 0:
+                return self.small.started(running)
+            arr = _at(address, nbytes, dtype)  # operations pending: queued after them
+            started = self.small.start(ALL_REDUCE, arr, arr, 0, 0)
+            if started is not None:
+                return started
         if nbytes < self.min_reduce:
             if nbytes < self.mpi_direct_below:
                 return MPICommunicator.sum_in_place_at(self, address, count, datatype, limit)
@@ -372,6 +408,11 @@ class SharedMemoryCommunicator(MPICommunicator):
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, kind: RedOpType,
                        factor: Any, counts: Optional[Sequence[int]]) -> Started:
+        if (factor is None and counts is None and
+                recv.nbytes <= self._small_sizes[REDUCE_SCATTER]):
+            started = self._small_start(REDUCE_SCATTER, send, recv, kind)
+            if started is not None:
+                return started
         if send.nbytes < self.min_scatter:
             return MPICommunicator.reduce_scatter(self, send, recv, kind, factor,
                                                              counts)
@@ -382,6 +423,13 @@ class SharedMemoryCommunicator(MPICommunicator):
 
     def all_gather(self, send: Optional[np.ndarray], recv: np.ndarray,
                    counts: Optional[Sequence[int]]) -> Started:
+        if counts is None and recv.nbytes // self.size <= self._small_sizes[ALL_GATHER]:
+            block = recv.size // self.size
+            mine = send if send is not None else recv.reshape(-1)[self.rank * block:
+                                                                  (self.rank + 1) * block]
+            started = self._small_start(ALL_GATHER, mine, recv)
+            if started is not None:
+                return started
         if recv.nbytes < self.min_gather:
             return MPICommunicator.all_gather(self, send, recv, counts)
         flat = recv.reshape(-1)
@@ -397,11 +445,28 @@ class SharedMemoryCommunicator(MPICommunicator):
         return self._start(AllGather(self, mine, flat, counts, where))
 
     def broadcast(self, buf: np.ndarray, root: int) -> Started:
+        if buf.nbytes <= self._small_sizes[BROADCAST]:
+            started = self._small_start(BROADCAST, buf, buf, 0, root)
+            if started is not None:
+                return started
         if buf.nbytes < self.min_bcast:
             return MPICommunicator.broadcast(self, buf, root)
         flat = buf.reshape(-1)
         return self._start(Broadcast(self, flat, root,
                                      self._shared(flat) if self.rank == root else None))
+
+    def all_to_all(self, send: np.ndarray, recv: np.ndarray,
+                   send_counts: Optional[Sequence[int]],
+                   recv_counts: Optional[Sequence[int]]) -> Started:
+        if (send_counts is None and recv_counts is None and
+                recv.nbytes // self.size <= self._small_sizes[ALL_TO_ALL]):
+            started = self._small_start(ALL_TO_ALL, send, recv)
+            if started is not None:
+                return started
+        return MPICommunicator.all_to_all(self, send, recv, send_counts, recv_counts)
+
+    def barrier(self) -> Started:
+        return self._small_start(BARRIER, None, None) or MPICommunicator.barrier(self)
 
     # -- arrays in shared memory ---------------------------------------------------------
     def shared_empty(self, shape: Any, dtype: Any) -> np.ndarray:
@@ -424,6 +489,9 @@ class SharedMemoryCommunicator(MPICommunicator):
         for segment in self.user_segments[1:] + [self.ring]:
             if segment is not None:
                 segment.release()
+        if self.small is not None:
+            self.small.release()
+            self.small_run = None
         self.user_segments, self.words, self.regions = [None], [], []
         if not MPI.Is_finalized():
             self.node.Free()

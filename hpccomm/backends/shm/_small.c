@@ -1,0 +1,820 @@
+/* Small collectives through shared memory: every rank posts its contribution into a
+ * slot of its own region and raises its `posted` counter; every rank that needs it
+ * waits for the counters it needs, then reads the peers' slots in rank order and raises
+ * its `done` counter. One operation is a handful of cache-line transfers, where MPI's
+ * nonblocking collectives cost a few microseconds of progress engine.
+ *
+ * Layout of each rank's region (written only by its owner, read by every rank):
+ *
+ *   [0]    posted: the sequence number of the last operation whose data is in its slot
+ *   [128]  done:   the last operation this rank has finished reading
+ *   [256]  one 64-byte header per slot: seq, operation, bytes, element kind, reduction,
+ *          root, written with the data, so a reader checks that every rank called the
+ *          same operation with the same arguments
+ *   [...]  `slots` data slots of `slot_bytes` each
+ *
+ * Operation `seq` uses slot `seq % slots`. A rank writes that slot only once every rank
+ * has finished reading the operation `slots` earlier (their `done`), so up to `slots`
+ * operations of one rank may be in flight (async_op). Counters only grow: a reader
+ * compares with the value it needs and never misses an update. The owner writes data,
+ * header, then `posted` with release order; a reader loads `posted` with acquire order,
+ * then the data (portable beyond x86's ordered stores and loads).
+ *
+ * Reductions read the slots in rank order, so every rank computes the same result,
+ * bit for bit. Kernels: float32/float64 (SUM, PRODUCT, MIN, MAX; MIN and MAX propagate
+ * NaN as NumPy and torch do), integers of 1-8 bytes (all seven reductions; sums and
+ * products wrap), complex64/128 (SUM). Copies (broadcast, all_gather, all_to_all,
+ * barrier) take any element type.
+ *
+ * The object keeps a queue of operations started and not finished (async_op, or a wait
+ * given up at its slice); they are posted and finished in order. `run` is the whole
+ * synchronous operation in one call: it spins, without the GIL after the first few
+ * microseconds, until done or until its slice is over, when the operation joins the
+ * queue and the caller waits for it the general way (deadline, errors, signals).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../_spin.h"
+
+enum { OP_BARRIER, OP_ALL_REDUCE, OP_BROADCAST, OP_ALL_GATHER, OP_REDUCE_SCATTER,
+       OP_ALL_TO_ALL, N_OPS };
+static const char *OP_NAMES[N_OPS] = {"barrier", "all_reduce", "broadcast", "all_gather",
+                                      "reduce_scatter", "all_to_all"};
+
+/* Element kinds. K_BYTES: copied only. */
+enum { K_BYTES, K_F32, K_F64, K_C64, K_C128, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16,
+       K_U32, K_U64, N_KINDS };
+static const char *KIND_NAMES[N_KINDS] = {"bytes", "float32", "float64", "complex64",
+                                          "complex128", "int8", "int16", "int32", "int64",
+                                          "uint8", "uint16", "uint32", "uint64"};
+
+/* torch's reduction numbering (hpccomm.types.RedOpType) */
+enum { R_SUM = 0, R_AVG = 1, R_PRODUCT = 2, R_MIN = 3, R_MAX = 4, R_BAND = 5, R_BOR = 6,
+       R_BXOR = 7, N_REDOPS = 8 };
+static const char *REDOP_NAMES[N_REDOPS] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND",
+                                            "BOR", "BXOR"};
+
+#define POSTED_AT 0
+#define DONE_AT 128
+#define HEADERS_AT 256
+#define HEADER_BYTES 64
+#define QUEUE 64 /* operations started and not finished, per communicator */
+/* Spins this long with the GIL held before releasing it: a small operation whose peers
+ * are already there is over before that, and pays no GIL hand-over. */
+#define HELD_SPIN_S 20e-6
+
+typedef struct {
+    uint64_t seq;
+    int32_t op, kind, redop, root;
+    int64_t nbytes;
+} header_t;
+
+typedef struct {
+    uint64_t seq;
+    int op, kind, redop, root, posted;
+    Py_ssize_t nbytes;       /* the operation's size, as every rank must give it */
+    Py_ssize_t post_bytes;   /* bytes of this rank's contribution */
+    Py_buffer send, recv;    /* recv.buf NULL: none (a barrier) */
+    int has_send, has_recv;
+} op_t;
+
+typedef struct {
+    PyObject_HEAD
+    int rank, size, slots;
+    Py_ssize_t slot_bytes, data_at;
+    char **regions;            /* every rank's region */
+    Py_ssize_t limits[N_OPS];  /* largest operation size per operation (0: never) */
+    uint64_t next;             /* sequence number of the next operation */
+    op_t queue[QUEUE];
+    int head, count;
+    int busy;                  /* a spin without the GIL runs on this object */
+    int closed;                /* the segment is gone: every call raises */
+    double slice;
+    long yield_every;
+} Small;
+
+static inline uint64_t load(Small *self, int rank, Py_ssize_t at)
+{
+    return __atomic_load_n((uint64_t *)(self->regions[rank] + at), __ATOMIC_ACQUIRE);
+}
+
+static inline void store(Small *self, Py_ssize_t at, uint64_t value)
+{
+    __atomic_store_n((uint64_t *)(self->regions[self->rank] + at), value, __ATOMIC_RELEASE);
+}
+
+static inline header_t *header(Small *self, int rank, uint64_t seq)
+{
+    return (header_t *)(self->regions[rank] + HEADERS_AT +
+                        (Py_ssize_t)(seq % (uint64_t)self->slots) * HEADER_BYTES);
+}
+
+static inline char *slot(Small *self, int rank, uint64_t seq)
+{
+    return self->regions[rank] + self->data_at +
+           (Py_ssize_t)(seq % (uint64_t)self->slots) * self->slot_bytes;
+}
+
+/* -- element kinds and reductions ------------------------------------------------------ */
+
+/* The kind of a buffer's format (struct syntax, as NumPy exports it), -1 for a type the
+ * channel does not take (objects, strings, records...: the general path decides). */
+static int kind_of(const char *format, Py_ssize_t itemsize)
+{
+    if (format == NULL)
+        return K_U8;
+    if (format[0] == '@' || format[0] == '=' || format[0] == '<')
+        format++; /* native order (every platform hpccomm runs on is little-endian) */
+    if (format[0] == 'Z' && format[1] && !format[2])
+        return format[1] == 'f' ? K_C64 : format[1] == 'd' ? K_C128 : -1;
+    if (!format[0] || format[1])
+        return -1;
+    switch (format[0]) {
+    case 'f': return K_F32;
+    case 'd': return K_F64;
+    case 'b': case 'h': case 'i': case 'l': case 'q':
+        return itemsize == 1 ? K_I8 : itemsize == 2 ? K_I16 : itemsize == 4 ? K_I32 :
+               itemsize == 8 ? K_I64 : -1;
+    case 'B': case 'H': case 'I': case 'L': case 'Q':
+        return itemsize == 1 ? K_U8 : itemsize == 2 ? K_U16 : itemsize == 4 ? K_U32 :
+               itemsize == 8 ? K_U64 : -1;
+    case '?': case 'e': return K_BYTES; /* bool, float16: copied, not reduced here */
+    default: return -1;
+    }
+}
+
+static int reducible(int kind, int redop)
+{
+    switch (kind) {
+    case K_F32: case K_F64:
+        return redop == R_SUM || redop == R_PRODUCT || redop == R_MIN || redop == R_MAX;
+    case K_C64: case K_C128:
+        return redop == R_SUM;
+    case K_BYTES:
+        return 0;
+    default:
+        return redop != R_AVG && redop < N_REDOPS;
+    }
+}
+
+#define NAN_MIN(a, b) (((a) != (a) || (a) <= (b)) ? (a) : (b))
+#define NAN_MAX(a, b) (((a) != (a) || (a) >= (b)) ? (a) : (b))
+#define LESSER(a, b) ((a) <= (b) ? (a) : (b))
+#define GREATER(a, b) ((a) >= (b) ? (a) : (b))
+
+/* out[i] = a[i] op b[i] for n elements of type T (out may be a or b) */
+#define FLOAT_LOOP(T)                                                                   \
+    do {                                                                                \
+        const T *x = (const T *)a, *y = (const T *)b;                                   \
+        T *z = (T *)out;                                                                \
+        switch (redop) {                                                                \
+        case R_SUM: for (i = 0; i < n; i++) z[i] = x[i] + y[i]; break;                  \
+        case R_PRODUCT: for (i = 0; i < n; i++) z[i] = x[i] * y[i]; break;              \
+        case R_MIN: for (i = 0; i < n; i++) z[i] = NAN_MIN(x[i], y[i]); break;          \
+        case R_MAX: for (i = 0; i < n; i++) z[i] = NAN_MAX(x[i], y[i]); break;          \
+        }                                                                               \
+    } while (0)
+
+/* integers: sums and products wrap, computed unsigned (U); MIN and MAX compare as S */
+#define INT_LOOP(S, U)                                                                  \
+    do {                                                                                \
+        const U *x = (const U *)a, *y = (const U *)b;                                   \
+        U *z = (U *)out;                                                                \
+        const S *sx = (const S *)a, *sy = (const S *)b;                                 \
+        S *sz = (S *)out;                                                               \
+        switch (redop) {                                                                \
+        case R_SUM: for (i = 0; i < n; i++) z[i] = (U)(x[i] + y[i]); break;             \
+        case R_PRODUCT: for (i = 0; i < n; i++) z[i] = (U)(x[i] * y[i]); break;         \
+        case R_MIN: for (i = 0; i < n; i++) sz[i] = LESSER(sx[i], sy[i]); break;        \
+        case R_MAX: for (i = 0; i < n; i++) sz[i] = GREATER(sx[i], sy[i]); break;       \
+        case R_BAND: for (i = 0; i < n; i++) z[i] = x[i] & y[i]; break;                 \
+        case R_BOR: for (i = 0; i < n; i++) z[i] = x[i] | y[i]; break;                  \
+        case R_BXOR: for (i = 0; i < n; i++) z[i] = x[i] ^ y[i]; break;                 \
+        }                                                                               \
+    } while (0)
+
+static void combine(int kind, int redop, char *out, const char *a, const char *b,
+                    Py_ssize_t nbytes)
+{
+    Py_ssize_t i, n;
+    switch (kind) {
+    case K_F32: n = nbytes / 4; FLOAT_LOOP(float); break;
+    case K_F64: n = nbytes / 8; FLOAT_LOOP(double); break;
+    case K_C64: n = nbytes / 4; FLOAT_LOOP(float); break;   /* SUM only: real pairs */
+    case K_C128: n = nbytes / 8; FLOAT_LOOP(double); break;
+    case K_I8: n = nbytes; INT_LOOP(int8_t, uint8_t); break;
+    case K_U8: n = nbytes; INT_LOOP(uint8_t, uint8_t); break;
+    case K_I16: n = nbytes / 2; INT_LOOP(int16_t, uint16_t); break;
+    case K_U16: n = nbytes / 2; INT_LOOP(uint16_t, uint16_t); break;
+    case K_I32: n = nbytes / 4; INT_LOOP(int32_t, uint32_t); break;
+    case K_U32: n = nbytes / 4; INT_LOOP(uint32_t, uint32_t); break;
+    case K_I64: n = nbytes / 8; INT_LOOP(int64_t, uint64_t); break;
+    case K_U64: n = nbytes / 8; INT_LOOP(uint64_t, uint64_t); break;
+    }
+}
+
+/* out = the reduction, in rank order, of `nbytes` at `offset` of every rank's slot */
+static void reduce_slots(Small *self, op_t *op, char *out, Py_ssize_t offset,
+                         Py_ssize_t nbytes)
+{
+    int r;
+    combine(op->kind, op->redop, out, slot(self, 0, op->seq) + offset,
+            slot(self, 1, op->seq) + offset, nbytes);
+    for (r = 2; r < self->size; r++)
+        combine(op->kind, op->redop, out, out, slot(self, r, op->seq) + offset, nbytes);
+}
+
+/* -- one operation's steps ----------------------------------------------------------- */
+
+/* Whether every rank has finished reading the operation that last used op's slot. */
+static int slot_free(Small *self, op_t *op)
+{
+    int r;
+    if (op->seq <= (uint64_t)self->slots)
+        return 1;
+    for (r = 0; r < self->size; r++)
+        if (load(self, r, DONE_AT) < op->seq - (uint64_t)self->slots)
+            return 0;
+    return 1;
+}
+
+static void post(Small *self, op_t *op)
+{
+    header_t *h = header(self, self->rank, op->seq);
+    if (op->post_bytes)
+        memcpy(slot(self, self->rank, op->seq), op->send.buf, (size_t)op->post_bytes);
+    h->seq = op->seq;
+    h->op = op->op;
+    h->kind = op->kind;
+    h->redop = op->redop;
+    h->root = op->root;
+    h->nbytes = op->nbytes;
+    store(self, POSTED_AT, op->seq);
+    op->posted = 1;
+}
+
+/* Whether the ranks op reads from have posted it. */
+static int arrived(Small *self, op_t *op)
+{
+    int r;
+    if (op->op == OP_BROADCAST)
+        return op->root == self->rank || load(self, op->root, POSTED_AT) >= op->seq;
+    for (r = 0; r < self->size; r++)
+        if (r != self->rank && load(self, r, POSTED_AT) < op->seq)
+            return 0;
+    return 1;
+}
+
+/* Rank r's header disagrees with op: set *bad to r, return 1. */
+static int mismatch(Small *self, op_t *op, int *bad)
+{
+    int r;
+    for (r = 0; r < self->size; r++) {
+        header_t *h;
+        if (r == self->rank || (op->op == OP_BROADCAST && r != op->root))
+            continue;
+        h = header(self, r, op->seq);
+        if (h->seq != op->seq || h->op != op->op || h->nbytes != op->nbytes ||
+            h->root != op->root ||
+            (op->op == OP_ALL_REDUCE || op->op == OP_REDUCE_SCATTER ?
+             (h->kind != op->kind || h->redop != op->redop) : 0)) {
+            *bad = r;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Read what op needs from the slots, then raise `done`. */
+static void finish(Small *self, op_t *op)
+{
+    int r, me = self->rank;
+    char *out = (char *)op->recv.buf;
+    Py_ssize_t block;
+    switch (op->op) {
+    case OP_ALL_REDUCE:
+        reduce_slots(self, op, out, 0, op->nbytes);
+        break;
+    case OP_BROADCAST:
+        if (me != op->root)
+            memcpy(out, slot(self, op->root, op->seq), (size_t)op->nbytes);
+        break;
+    case OP_ALL_GATHER: /* nbytes: one rank's block */
+        for (r = 0; r < self->size; r++)
+            memcpy(out + r * op->nbytes, slot(self, r, op->seq), (size_t)op->nbytes);
+        break;
+    case OP_REDUCE_SCATTER: /* nbytes: one rank's block of the result */
+        reduce_slots(self, op, out, me * op->nbytes, op->nbytes);
+        break;
+    case OP_ALL_TO_ALL:
+        block = op->nbytes;
+        for (r = 0; r < self->size; r++)
+            memcpy(out + r * block, slot(self, r, op->seq) + me * block, (size_t)block);
+        break;
+    }
+    store(self, DONE_AT, op->seq);
+}
+
+/* One step of op: post it if its slot is free, finish it if its peers are there.
+ * Returns 1 when finished, 0 when not yet, -1 on a mismatch (*bad: the rank). */
+static int step(Small *self, op_t *op, int *bad)
+{
+    if (!op->posted) {
+        if (!slot_free(self, op))
+            return 0;
+        post(self, op);
+    }
+    if (!arrived(self, op))
+        return 0;
+    if (mismatch(self, op, bad))
+        return -1;
+    finish(self, op);
+    return 1;
+}
+
+static PyObject *SmallError; /* a mismatch between ranks; the Python side words it */
+
+/* Raise (and return 1) once the channel is closed: its memory may be unmapped. */
+static int gone(Small *self)
+{
+    if (!self->closed)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the group's small-collective channel is closed "
+                    "(the group was destroyed)");
+    return 1;
+}
+
+static void raise_mismatch(Small *self, op_t *op, int bad)
+{
+    header_t *h = header(self, bad, op->seq);
+    int other_op = h->op >= 0 && h->op < N_OPS ? h->op : 0;
+    if (h->seq != op->seq) {
+        PyErr_Format(SmallError, "rank %d of the group is not at the same operation "
+                     "(its slot holds operation #%llu, this rank expects #%llu)", bad,
+                     (unsigned long long)h->seq, (unsigned long long)op->seq);
+        return;
+    }
+    PyErr_Format(SmallError,
+                 "the ranks disagree on the group's operation #%llu: "
+                 "rank %d called %s of %lld bytes (%s, %s, root %d), this rank "
+                 "called %s of %lld bytes (%s, %s, root %d)", (unsigned long long)op->seq,
+                 bad, OP_NAMES[other_op], (long long)h->nbytes,
+                 h->kind >= 0 && h->kind < N_KINDS ? KIND_NAMES[h->kind] : "?",
+                 h->redop >= 0 && h->redop < N_REDOPS ? REDOP_NAMES[h->redop] : "?",
+                 h->root, OP_NAMES[op->op], (long long)op->nbytes, KIND_NAMES[op->kind],
+                 op->redop >= 0 && op->redop < N_REDOPS ? REDOP_NAMES[op->redop] : "?",
+                 op->root);
+}
+
+static void release(op_t *op)
+{
+    if (op->has_send)
+        PyBuffer_Release(&op->send);
+    if (op->has_recv)
+        PyBuffer_Release(&op->recv);
+    op->has_send = op->has_recv = 0;
+}
+
+/* -- describing an operation from Python's arguments ------------------------------------ */
+
+/* Fill op from (operation, send, recv, redop, root). Returns 1 when the small path
+ * takes it, 0 when it does not (no Python error set), -1 on an error. */
+static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *recv,
+                    PyObject *redop, int root)
+{
+    int me = self->rank, n = self->size;
+    Py_ssize_t post_bytes = 0, nbytes = 0;
+    memset(op, 0, sizeof(*op));
+    if (code < 0 || code >= N_OPS || self->limits[code] <= 0 || root < 0 || root >= n)
+        return 0;
+    op->op = code;
+    op->root = code == OP_BROADCAST ? root : 0;
+    op->redop = 0;
+    if (code == OP_ALL_REDUCE || code == OP_REDUCE_SCATTER) {
+        long value;
+        if (!PyLong_Check(redop))
+            return 0;
+        value = PyLong_AsLong(redop);
+        if (value < 0 || value >= N_REDOPS) {
+            PyErr_Clear();
+            return 0;
+        }
+        op->redop = (int)value;
+    }
+    if (recv != Py_None) {
+        /* a broadcast's root only reads its buffer, which may be read-only */
+        int flags = (code == OP_BROADCAST && root == me ? 0 : PyBUF_WRITABLE) |
+                    PyBUF_FORMAT | PyBUF_C_CONTIGUOUS;
+        if (PyObject_GetBuffer(recv, &op->recv, flags) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        op->has_recv = 1;
+    }
+    if (send != Py_None) {
+        if (send == recv && op->has_recv) {
+            op->send = op->recv;
+            Py_INCREF(op->send.obj);
+        } else if (PyObject_GetBuffer(send, &op->send, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            release(op);
+            return 0;
+        }
+        op->has_send = 1;
+    }
+    op->kind = K_BYTES;
+    if (op->has_send && (op->kind = kind_of(op->send.format, op->send.itemsize)) < 0)
+        goto not_here;
+    if (op->has_recv && kind_of(op->recv.format, op->recv.itemsize) < 0)
+        goto not_here;
+    switch (code) {
+    case OP_BARRIER:
+        break;
+    case OP_ALL_REDUCE: /* in place: send is recv */
+        if (!op->has_send || !op->has_recv || op->send.buf != op->recv.buf ||
+            !reducible(op->kind, op->redop))
+            goto not_here;
+        nbytes = post_bytes = op->recv.len;
+        break;
+    case OP_BROADCAST: /* the buffer, as send on the root and recv elsewhere */
+        if (!op->has_recv)
+            goto not_here;
+        nbytes = op->recv.len;
+        post_bytes = me == root ? nbytes : 0;
+        break;
+    case OP_ALL_GATHER:
+        if (!op->has_send || !op->has_recv || op->recv.len != n * op->send.len)
+            goto not_here;
+        nbytes = post_bytes = op->send.len;
+        break;
+    case OP_REDUCE_SCATTER:
+        if (!op->has_send || !op->has_recv || op->send.len != n * op->recv.len ||
+            !reducible(op->kind, op->redop) ||
+            kind_of(op->recv.format, op->recv.itemsize) != op->kind)
+            goto not_here;
+        nbytes = op->recv.len;
+        post_bytes = op->send.len;
+        break;
+    case OP_ALL_TO_ALL:
+        if (!op->has_send || !op->has_recv || op->send.len != op->recv.len ||
+            op->send.len % n)
+            goto not_here;
+        nbytes = op->send.len / n;
+        post_bytes = op->send.len;
+        break;
+    }
+    if (post_bytes > self->slot_bytes || nbytes > self->limits[code] ||
+        (code != OP_BARRIER && nbytes == 0))
+        goto not_here;
+    if (code == OP_BROADCAST && me == root && !op->has_send) { /* the root posts recv */
+        op->send = op->recv;
+        Py_INCREF(op->send.obj);
+        op->has_send = 1;
+    }
+    op->nbytes = nbytes;
+    op->post_bytes = post_bytes;
+    return 1;
+not_here:
+    release(op);
+    return 0;
+}
+
+/* -- the object ------------------------------------------------------------------------ */
+
+static int Small_init(Small *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"rank", "size", "slots", "slot_bytes", "regions", "limits",
+                            "slice", "yield_every", NULL};
+    PyObject *regions, *limits;
+    Py_ssize_t i;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiinOOdl", names, &self->rank,
+                                     &self->size, &self->slots, &self->slot_bytes,
+                                     &regions, &limits, &self->slice, &self->yield_every))
+        return -1;
+    if (self->size < 2 || self->rank < 0 || self->rank >= self->size || self->slots < 2 ||
+        self->slot_bytes % 64 || !PySequence_Check(regions) ||
+        PySequence_Size(regions) != self->size || !PySequence_Check(limits) ||
+        PySequence_Size(limits) != N_OPS) {
+        PyErr_SetString(PyExc_ValueError, "Small: inconsistent layout");
+        return -1;
+    }
+    self->data_at = HEADERS_AT + (Py_ssize_t)self->slots * HEADER_BYTES;
+    self->data_at = (self->data_at + 127) / 128 * 128;
+    self->regions = PyMem_Calloc((size_t)self->size, sizeof(char *));
+    if (self->regions == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (i = 0; i < self->size; i++) {
+        PyObject *item = PySequence_GetItem(regions, i);
+        if (item == NULL)
+            return -1;
+        self->regions[i] = (char *)PyLong_AsVoidPtr(item);
+        Py_DECREF(item);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    for (i = 0; i < N_OPS; i++) {
+        PyObject *item = PySequence_GetItem(limits, i);
+        if (item == NULL)
+            return -1;
+        self->limits[i] = PyLong_AsSsize_t(item);
+        Py_DECREF(item);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    /* a fresh segment is zeroed: counters start at 0, operations at 1 */
+    self->next = load(self, self->rank, POSTED_AT) + 1;
+    return 0;
+}
+
+static void Small_dealloc(Small *self)
+{
+    int i;
+    for (i = 0; i < self->count; i++)
+        release(&self->queue[(self->head + i) % QUEUE]);
+    PyMem_Free(self->regions);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Steps the queue's operations in order, once each, as far as they go. Returns -1 on a
+ * mismatch (error set), else how many were finished. */
+static int progress(Small *self)
+{
+    int finished = 0;
+    while (self->count) {
+        op_t *op = &self->queue[self->head];
+        int bad, state = step(self, op, &bad);
+        if (state < 0) {
+            raise_mismatch(self, op, bad);
+            return -1;
+        }
+        if (!state) {
+            /* a later operation may be posted already if its slot is free (in order) */
+            int i;
+            for (i = 1; i < self->count; i++) {
+                op_t *later = &self->queue[(self->head + i) % QUEUE];
+                if (later->posted)
+                    continue;
+                if (!self->queue[(self->head + i - 1) % QUEUE].posted || !slot_free(self, later))
+                    break;
+                post(self, later);
+            }
+            break;
+        }
+        release(op);
+        self->head = (self->head + 1) % QUEUE;
+        self->count--;
+        finished++;
+    }
+    return finished;
+}
+
+/* start(operation, send, recv, redop, root) -> seq, or 0 when the small path does not
+ * take this operation. The operation is posted at once if its slot is free. */
+static PyObject *Small_start(Small *self, PyObject *args)
+{
+    int code, root;
+    PyObject *send, *recv, *redop;
+    op_t *op;
+    if (!PyArg_ParseTuple(args, "iOOOi", &code, &send, &recv, &redop, &root) || gone(self))
+        return NULL;
+    if (self->count == QUEUE) {
+        if (!self->busy && progress(self) < 0)
+            return NULL;
+        if (self->count == QUEUE)
+            return PyLong_FromLong(-1); /* full: the caller waits for the oldest */
+    }
+    op = &self->queue[(self->head + self->count) % QUEUE];
+    switch (describe(self, op, code, send, recv, redop, root)) {
+    case -1: return NULL;
+    case 0: return PyLong_FromLong(0);
+    }
+    op->seq = self->next++;
+    self->count++;
+    /* while another thread spins on the head without the GIL, only that thread steps */
+    if (!self->busy && progress(self) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(op->seq);
+}
+
+/* Whether operation seq is finished (done <= the last finished one). */
+static int finished(Small *self, uint64_t seq)
+{
+    return self->count == 0 || self->queue[self->head].seq > seq;
+}
+
+/* test(seq) -> whether operation seq (and every earlier one) is finished; one pass of
+ * steps, no waiting. */
+static PyObject *Small_test(Small *self, PyObject *arg)
+{
+    uint64_t seq = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred() || gone(self))
+        return NULL;
+    if (self->busy)
+        Py_RETURN_FALSE;
+    if (!finished(self, seq) && progress(self) < 0)
+        return NULL;
+    return PyBool_FromLong(finished(self, seq));
+}
+
+/* The synchronous operation at the queue's head, just described: spin until done or
+ * the slice is over. Returns 0 once done, its seq while it runs (it stays queued), or
+ * NULL on a mismatch. */
+static PyObject *spin_head(Small *self, op_t *op)
+{
+    int bad = 0, state;
+    spin_t turn;
+    op->seq = self->next++;
+    self->count = 1; /* in the queue from now on, whatever happens */
+    turn = spin_start(HELD_SPIN_S, self->yield_every);
+    while ((state = step(self, op, &bad)) == 0) {
+        if (spin_idle(&turn))
+            break;
+    }
+    if (state == 0 && self->slice > HELD_SPIN_S) {
+        PyThreadState *saved;
+        self->busy = 1;
+        saved = PyEval_SaveThread();
+        turn = spin_start(self->slice - HELD_SPIN_S, self->yield_every);
+        while ((state = step(self, op, &bad)) == 0) {
+            if (spin_idle(&turn))
+                break;
+        }
+        PyEval_RestoreThread(saved);
+        self->busy = 0;
+    }
+    if (state < 0) {
+        raise_mismatch(self, op, bad);
+        return NULL;
+    }
+    if (state == 0)
+        return PyLong_FromUnsignedLongLong(op->seq);
+    release(op);
+    self->head = (self->head + 1) % QUEUE;
+    self->count--; /* other threads may have queued operations during the spin */
+    return PyLong_FromLong(0);
+}
+
+/* run(operation, send, recv, redop, root) -> 0 once done; -1 when the small path does
+ * not take it here (the caller takes the general path: start, then test); else the
+ * sequence number of the operation, still running after the slice (queued: the caller
+ * waits for it with test). */
+static PyObject *Small_run(Small *self, PyObject *args)
+{
+    int code, root, state;
+    PyObject *send, *recv, *redop;
+    op_t *op;
+    if (!PyArg_ParseTuple(args, "iOOOi", &code, &send, &recv, &redop, &root) || gone(self))
+        return NULL;
+    if (self->count || self->busy)
+        return PyLong_FromLong(-1);
+    op = &self->queue[self->head];
+    state = describe(self, op, code, send, recv, redop, root);
+    if (state <= 0)
+        return state < 0 ? NULL : PyLong_FromLong(-1);
+    return spin_head(self, op);
+}
+
+/* sum_at(address, nbytes, kind) -> as run, for an in-place SUM all-reduce of memory the
+ * caller keeps alive until the operation is over (a torch tensor's storage). */
+static PyObject *Small_sum_at(Small *self, PyObject *args)
+{
+    unsigned long long address;
+    Py_ssize_t nbytes;
+    int kind;
+    op_t *op;
+    if (!PyArg_ParseTuple(args, "Kni", &address, &nbytes, &kind) || gone(self))
+        return NULL;
+    if (self->count || self->busy || kind <= K_BYTES || kind >= N_KINDS || nbytes <= 0 ||
+        nbytes > self->limits[OP_ALL_REDUCE] || nbytes > self->slot_bytes)
+        return PyLong_FromLong(-1);
+    op = &self->queue[self->head];
+    memset(op, 0, sizeof(*op));
+    op->op = OP_ALL_REDUCE;
+    op->kind = kind;
+    op->redop = R_SUM;
+    op->send.buf = op->recv.buf = (void *)(uintptr_t)address; /* no Py_buffer to release */
+    op->nbytes = op->post_bytes = nbytes;
+    return spin_head(self, op);
+}
+
+/* pending() -> operations started and not finished, after one pass of steps */
+static PyObject *Small_pending(Small *self, PyObject *unused)
+{
+    if (gone(self))
+        return NULL;
+    if (!self->busy && progress(self) < 0)
+        return NULL;
+    return PyLong_FromLong(self->count);
+}
+
+static PyObject *Small_started(Small *self, void *unused)
+{
+    return PyLong_FromUnsignedLongLong(self->next - 1);
+}
+
+static PyGetSetDef Small_getset[] = {
+    {"started", (getter)Small_started, NULL, "operations started so far", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+/* kind(array) -> the element kind the channel reduces it as, or -1 */
+static PyObject *module_kind(PyObject *module, PyObject *arg)
+{
+    Py_buffer view;
+    int kind;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(-1);
+    }
+    kind = kind_of(view.format, view.itemsize);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(kind);
+}
+
+/* close(): from now on every call raises (the caller unmaps the segment next). Refused
+ * while another thread spins on it. */
+static PyObject *Small_close(Small *self, PyObject *unused)
+{
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "another thread waits on this channel");
+        return NULL;
+    }
+    self->closed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"kind", module_kind, METH_O, "kind(array) -> the channel's element kind, or -1"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef Small_methods[] = {
+    {"start", (PyCFunction)Small_start, METH_VARARGS,
+     "start(operation, send, recv, redop, root) -> seq; 0: not taken; -1: queue full"},
+    {"test", (PyCFunction)Small_test, METH_O,
+     "test(seq) -> whether operation seq is finished (one pass, no wait)"},
+    {"run", (PyCFunction)Small_run, METH_VARARGS,
+     "run(operation, send, recv, redop, root) -> 0 done; -1 not taken; seq: running"},
+    {"sum_at", (PyCFunction)Small_sum_at, METH_VARARGS,
+     "sum_at(address, nbytes, kind) -> as run, for an in-place SUM at an address"},
+    {"close", (PyCFunction)Small_close, METH_NOARGS,
+     "close(): every later call raises (the segment is about to go)"},
+    {"pending", (PyCFunction)Small_pending, METH_NOARGS,
+     "pending() -> operations started and not finished, after one pass of steps"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SmallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hpccomm.backends.shm._small.Small",
+    .tp_basicsize = sizeof(Small),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The small-collective channel of one shared-memory communicator.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Small_init,
+    .tp_dealloc = (destructor)Small_dealloc,
+    .tp_methods = Small_methods,
+    .tp_getset = Small_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_small",
+    "Small collectives through shared memory (see small.py).", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__small(void)
+{
+    PyObject *m;
+    int i;
+    if (PyType_Ready(&SmallType) < 0)
+        return NULL;
+    m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    SmallError = PyErr_NewException("hpccomm.backends.shm._small.Mismatch",
+                                    PyExc_ValueError, NULL);
+    Py_INCREF(&SmallType);
+    if (SmallError == NULL || PyModule_AddObject(m, "Small", (PyObject *)&SmallType) < 0 ||
+        PyModule_AddObject(m, "Mismatch", SmallError) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    for (i = 0; i < N_OPS; i++) {
+        char name[32];
+        PyOS_snprintf(name, sizeof(name), "%s", OP_NAMES[i]);
+        for (char *c = name; *c; c++)
+            *c = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+        PyModule_AddIntConstant(m, name, i);
+    }
+    PyModule_AddIntConstant(m, "POSTED_AT", POSTED_AT);
+    PyModule_AddIntConstant(m, "HEADERS_AT", HEADERS_AT);
+    PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES);
+    PyModule_AddIntConstant(m, "QUEUE", QUEUE);
+    PyModule_AddIntConstant(m, "BYTES", K_BYTES);
+    return m;
+}

@@ -1,0 +1,187 @@
+"""Small collectives through shared memory: the C channel ``_small.c``, where it applies.
+
+Below some tens of kilobytes an operation's cost is its fixed part: MPI's nonblocking
+collectives spend microseconds in the progress engine (and MPICH's fast shared-memory
+algorithms serve only its blocking calls, below ``MPI_THREAD_MULTIPLE``). Here every
+rank of a group on one node copies its contribution into a slot of its own region, raises
+a counter, waits for the counters of the ranks it reads and reads their slots: an
+8-byte all_reduce is a few cache-line transfers and one C call.
+
+Which operations take it is decided by what every rank knows alike (the operation, its
+size, dtype and reduction), never by one rank's state, so ranks never split between
+this path and MPI. A synchronous call runs whole in C (:meth:`Channel.run`); an
+asynchronous one, an observed one, or one that meets pending operations is started
+(:meth:`Channel.start`) and waited for the general way, and speaks the same protocol.
+Every rank checks the peers' headers, so ranks that call different operations, sizes
+or reductions get an error naming both calls, where MPI would hang or mix data.
+
+Sizes (bytes of the operation as :mod:`._small` counts them: the buffer for all_reduce
+and broadcast, one rank's block for the others) come from
+:data:`DEFAULT_LIMITS`, or from ``HPCCOMM_SHM_SMALL`` for all of them (0: off).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ... import settings
+from ...types import Tag
+from ...work import Started
+from ..base import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, REDUCE_SCATTER
+
+try:
+    from . import _small  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: MPI for small messages
+    _small = None
+
+#: Slots per rank: operations of one rank that may be in flight at once.
+SLOTS = 4
+#: Largest operation per code, in bytes as the channel counts them (the buffer for
+#: all_reduce and broadcast, one rank's block for the others), by default: measured
+#: against MPI (MPICH, two ranks, docs/performance.md), the channel was ahead up to
+#: 256 KiB for all_reduce, all_gather and reduce_scatter, and up to 32 KiB for broadcast
+#: and all_to_all (16 KiB blocks), where MPI's single-copy paths take over. All stop at
+#: :data:`BUDGET` and below the ring's thresholds.
+DEFAULT_LIMITS = {BARRIER: 1, ALL_REDUCE: 256 * 1024, BROADCAST: 32 * 1024,
+                  ALL_GATHER: 128 * 1024, REDUCE_SCATTER: 128 * 1024, ALL_TO_ALL: 16 * 1024}
+#: Bytes of one rank's slots together at most, whatever the group's size.
+BUDGET = 1 << 20
+#: Longest spin of a synchronous call in C before it joins the general wait.
+SLICE_S = 0.002
+#: A tag nothing is sent with: probing it only runs MPI's progress engine.
+_PROGRESS_TAG = int(Tag.SHM_PROGRESS)
+
+
+def kind(dtype: Any) -> int:
+    """The channel's element kind for a sum of ``dtype`` (``-1``: not summed here)."""
+    if _small is None:
+        return -1
+    found = _small.kind(np.empty(0, dtype))
+    return found if found > _small.BYTES else -1
+
+
+def available() -> bool:
+    """Whether the channel is built and ``HPCCOMM_SHM_SMALL`` is not 0."""
+    return _small is not None and settings.SHM_SMALL.get() != 0
+
+
+def limits(size: int) -> Tuple[int, ...]:
+    """Largest operation per code for a group of ``size`` ranks on one node."""
+    forced = settings.SHM_SMALL.get()
+    chosen = {code: forced or limit for code, limit in DEFAULT_LIMITS.items()}
+    per_rank = BUDGET // SLOTS  # what one slot may hold
+    out = []
+    for code in range(6):
+        limit = chosen[code]
+        if code in (REDUCE_SCATTER, ALL_TO_ALL):  # a rank posts a block per rank
+            limit = min(limit, per_rank // size)
+        out.append(max(0, min(limit, per_rank)) // 8 * 8 if code != BARRIER else 1)
+    return tuple(out)
+
+
+def slot_bytes(size: int, sizes: Sequence[int]) -> int:
+    """Bytes of one slot for the operation ``sizes`` of :func:`limits`."""
+    posted = max(sizes[ALL_REDUCE], sizes[BROADCAST], sizes[ALL_GATHER],
+                 size * sizes[REDUCE_SCATTER], size * sizes[ALL_TO_ALL], 64)
+    return -(-posted // 64) * 64
+
+
+class Channel:
+    """The small-collective channel of one group on one node (collective to make)."""
+
+    def __init__(self, node: Any, rank: int, sizes: Sequence[int], yield_every: int,
+                 timeout: Optional[float]):
+        from .segment import Segment
+
+        size = node.Get_size()
+        self.sizes = tuple(sizes)
+        self.slot_bytes = slot_bytes(size, sizes)
+        head = _small.HEADERS_AT + SLOTS * _small.HEADER_BYTES
+        head = -(-head // 128) * 128
+        self.segment = Segment(node, head + SLOTS * self.slot_bytes, control=False)
+        self.node = node
+        self.timeout = timeout
+        self.kernel = _small.Small(rank, size, SLOTS, self.slot_bytes,
+                                   [region.ctypes.data for region in self.segment.regions],
+                                   self.sizes, SLICE_S, yield_every)
+        #: ``run(code, send, recv, redop, root)``: the whole synchronous operation.
+        self.run = self.kernel.run
+        #: ``sum_at(address, nbytes, kind)``: the same, for an in-place sum of memory
+        #: the caller keeps (kinds from :func:`kind`).
+        self.sum_at = self.kernel.sum_at
+        self.Mismatch = _small.Mismatch
+
+    def start(self, code: int, send: Any, recv: Any, redop: int = 0, root: int = 0
+              ) -> Optional[Started]:
+        """The operation started on the channel, as ``(test, finish, keep)``, or ``None``
+        when the channel does not take it (the caller uses MPI)."""
+        kernel = self.kernel
+        seq = kernel.start(code, send, recv, redop, root)
+        while seq < 0:  # the queue is full: wait for its oldest operation, then retry
+            self._wait_oldest()
+            seq = kernel.start(code, send, recv, redop, root)
+        if not seq:
+            return None
+        return self.started(seq)
+
+    def started(self, seq: int) -> Started:
+        """``(test, finish, keep)`` of operation ``seq``, already on the channel."""
+        test_seq = self.kernel.test
+        node = self.node
+        idle = [0]
+
+        def test() -> bool:
+            if test_seq(seq):
+                return True
+            idle[0] += 1
+            if not idle[0] & 15:  # let MPI progress requests that peers may wait on
+                node.Iprobe(MPI.ANY_SOURCE, _PROGRESS_TAG)
+            return False
+        return test, None, None
+
+    def _wait_oldest(self) -> None:
+        from ...errors import DistTimeoutError
+        from ...work import poll
+
+        pending = self.kernel.pending
+        waited = poll(lambda: pending() < _small.QUEUE, self.timeout)
+        if waited:
+            raise DistTimeoutError(
+                f"{_small.QUEUE} small shared-memory operations of this group were still "
+                f"pending after {waited:.3f} s (timeout {self.timeout} s): some rank of "
+                f"the group did not call them")
+
+    def release(self) -> None:
+        """Close the channel (a later call on it raises) and drop the mapping (local).
+        While another thread still spins in it the mapping stays, and goes with the
+        channel object."""
+        try:
+            self.kernel.close()
+        except RuntimeError:
+            return
+        self.segment.release()
+
+
+def channel(node: Any, rank: int, yield_every: int, timeout: Optional[float],
+            below: Mapping[int, int]) -> Optional[Channel]:
+    """The channel of a group whose ranks are ``node`` (collective over it), or ``None``
+    on every rank unless every rank has the C helper and the setting allows it; the ranks
+    take rank 0's sizes. ``below``: operation code -> the largest size the channel may
+    take (where the shared-memory ring starts)."""
+    ok = node.allreduce(available(), op=MPI.LAND)
+    if not ok:
+        return None
+    sizes = None
+    if node.Get_rank() == 0:
+        sizes = tuple(min(limit, below.get(code, limit))
+                      for code, limit in enumerate(limits(node.Get_size())))
+    sizes = node.bcast(sizes)
+    if not any(sizes[1:]):
+        return None
+    try:
+        return Channel(node, rank, sizes, yield_every, timeout)
+    except OSError:  # every rank gets it (the segment checks with all of them)
+        return None
+
