@@ -16,8 +16,10 @@ import numpy as np
 
 from . import observe as _observe
 from . import work as _waits
+from .backends.base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER,  # noqa: F401
+                            BROADCAST, REDUCE_SCATTER)
 from ._arrays import FAMILY, as_array, device_of, dtype_family, reduce_problem
-from .errors import DistError
+from .errors import DistBackendError, DistError
 from .group import ProcessGroup
 from .types import RedOpType, split_op
 from .work import Work, chain, failure_error, poll
@@ -316,6 +318,33 @@ def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: in
         raise _start_failed(pg, op, exc) from exc
     if running is not None:  # still running after the spin: waited as any operation
         _work(running, pg, op, seq, arr, None, timeout, (), None, keep).wait()
+    return True
+
+
+def small(pg: ProcessGroup, op: str, code: int, send: Any, recv: Any, redop: Any = 0,
+          root: int = 0) -> bool:
+    """A synchronous operation on the backend's small channel, whole in native code
+    (:attr:`~hpccomm.backends.base.Communicator.small_run`): ``True`` once done;
+    ``False``, with nothing started, where the general path (:func:`launch`) applies: no
+    channel, observers registered, other operations that a wait must advance, or an
+    operation the channel does not take from here (it may still take it from the general
+    path: the choice of channel never depends on this rank's state). The channel checks
+    the arguments it takes; everything else is checked by the general path.
+    """
+    run = pg.cpu.small_run
+    if run is None or _observe.active or _waits.while_waiting is not None:
+        return False
+    try:
+        running = run(code, send, recv, redop, root)
+    except ValueError as exc:  # the ranks disagree on the operation
+        raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
+                               f"'{pg.group_name}': {exc}") from None
+    if running < 0:
+        return False
+    seq = pg.seq = pg.seq + 1
+    if running:  # still running after the spin: waited as any operation
+        _work(pg.cpu.small.started(running), pg, op, seq, recv, None, None, (), None,
+              None).wait()
     return True
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _call
 from ._arrays import dtype_family
+from ._call import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, REDUCE_SCATTER
 from .group import GroupLike, member_group, skip
 from .types import ReduceOp, timeout_seconds
 from .work import Work
@@ -31,6 +32,8 @@ def broadcast(tensor: Any, src: Optional[int] = None, group: GroupLike = None,
     if pg is None:
         return skip("broadcast", src, group_src, "src", required=True)
     root = _call.root(pg, "broadcast", src, group_src, "src")
+    if not async_op and _call.small(pg, "broadcast", BROADCAST, tensor, tensor, 0, root):
+        return None
     comm, arr = _call.array(pg, "broadcast", tensor)
     return _call.launch(pg, "broadcast", comm.broadcast, (arr, root), arr, async_op, root,
                         result=(tensor,))
@@ -42,6 +45,8 @@ def all_reduce(tensor: Any, op: Any = _SUM, group: GroupLike = None,
     pg = member_group(group, "all_reduce")
     if pg is None:
         return skip("all_reduce")
+    if not async_op and _call.small(pg, "all_reduce", ALL_REDUCE, tensor, tensor, op):
+        return None
     comm, arr, kind, factor = _call.reduce_operand(pg, "all_reduce", tensor, op)
     return _call.launch(pg, "all_reduce", comm.all_reduce, (arr, kind, factor), arr,
                         async_op, result=(tensor,))
@@ -159,6 +164,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     pg = member_group(group, op)
     if pg is None:
         return skip(op)
+    if not async_op and _call.small(pg, op, ALL_GATHER, input_tensor, output_tensor):
+        return None
     comm, out, arr = _call.pair(pg, op, output_tensor, input_tensor, "output_tensor",
                                 "input_tensor")
     size = pg.size()
@@ -269,6 +276,8 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupL
     pg = member_group(group, name)
     if pg is None:
         return skip(name)
+    if not async_op and _call.small(pg, name, REDUCE_SCATTER, input, output, op):
+        return None
     comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
     if arr.size != out.size * pg.size():
         raise pg.error(name, f"input has {arr.size} elements, expected {pg.size()} x "
@@ -291,6 +300,9 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List
     pg = member_group(group, name)
     if pg is None:
         return skip(name)
+    if (not async_op and output_split_sizes is None and input_split_sizes is None and
+            _call.small(pg, name, ALL_TO_ALL, input, output)):
+        return None
     comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
     arr = _call.apart(arr, out)  # in place: output is input
     if output_split_sizes is None and input_split_sizes is None:
@@ -341,6 +353,8 @@ def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = N
         return skip("barrier")
     if pg.pending:
         pg.finish_pending()
+    if not async_op and timeout is None and _call.small(pg, "barrier", BARRIER, None, None):
+        return None
     return _call.launch(pg, "barrier", pg.cpu.barrier, (), None, async_op,
                         timeout=timeout_seconds(timeout))
 
