@@ -80,3 +80,23 @@ def mesh_shape(size):
         dims[0] *= size // math.prod(dims)
         return tuple(dims)
     return shape
+
+
+@pytest.fixture(scope="module")
+def members(world):
+    """The global ranks of this rank's node, in order (as hpccomm places them)."""
+    from mpi4py import MPI
+
+    from hpccomm.backends.mpi import placement
+
+    node = placement.node_comm(world.comm)
+    try:
+        mine = node.Get_group()
+        ours = world.comm.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(mine, list(range(node.Get_size())), ours))
+        finally:
+            mine.Free()
+            ours.Free()
+    finally:
+        node.Free()

@@ -5,6 +5,7 @@ A *case script* (``tests/scripts/*_case.py``) runs one named scenario per job, o
 that ends a rank (a kill, a timeout, an abort), which the test process itself must
 survive; each rank reports what it saw as ``RESULT rank=R key=value ...`` lines.
 """
+import contextlib
 import os
 import re
 import subprocess
@@ -90,3 +91,19 @@ def numpy_dtype(name: str) -> np.dtype:
 
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
+
+
+@contextlib.contextmanager
+def environment(**values):
+    """Set environment variables (``HPCCOMM_*`` settings read when a group is made) for
+    the block, then restore them."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update({name: str(value) for name, value in values.items()})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

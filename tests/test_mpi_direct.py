@@ -12,6 +12,13 @@ pytestmark = [pytest.mark.mpi(min_size=1),
                                         "compiler at install) or HPCCOMM_MPI_DIRECT=0")]
 
 
+@pytest.fixture(autouse=True)
+def small_messages_through_mpi(monkeypatch):
+    """The groups made here send small messages through MPI, where the direct form is
+    MPI's (on one node they would take the shared-memory small channel)."""
+    monkeypatch.setenv("HPCCOMM_SHM_SMALL", "0")
+
+
 def test_its_types_are_the_unstaged_sums(dist):
     cpu = dist.group.WORLD.cpu
     types = cpu.direct_types
@@ -127,12 +134,14 @@ def test_waits_on_mpi_requests_spin_in_c(dist, rank, size, monkeypatch):
         spun.append(done)
         return done
     monkeypatch.setattr(work, "spin_wait", spy)
+    pg = dist.new_group(list(range(size)))
     x = np.full(64, float(rank + 1))  # small: no gate of a large-message path either
     if rank == 0:
         time.sleep(0.2)
-    w = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
+    w = dist.all_reduce(x, op=dist.ReduceOp.MAX, group=pg, async_op=True)
     w.wait()
     np.testing.assert_array_equal(x, np.full(64, float(size)))
+    dist.destroy_process_group(pg)
     if rank != 0 and size > 1:
         assert spun and spun[-1] is True, "the wait did not go through the C spin"
     assert mpi_backend._spin_wait(lambda: True, 1.0) is None  # not a request: Python loop

@@ -73,6 +73,7 @@ def gated_group(dist, monkeypatch):
             blocking.append(self.call.__name__)
         return finish(self)
     monkeypatch.setattr(mpi_gate.Gated, "finish", counted)
+    monkeypatch.setenv("HPCCOMM_SHM_SMALL", "0")  # small messages through MPI, gated
     group = dist.new_group()
     yield group, blocking
     dist.destroy_process_group(group)

@@ -4,7 +4,8 @@ Two groups of this node's ranks are made side by side (every rank on one machine
 of them where the job runs as two simulated nodes, since shared memory serves the ranks
 of one node): one that takes the shared-memory path
 for every message (``HPCCOMM_SHM_MIN_BYTES=1``) with tiny ring slots
-(``HPCCOMM_SHM_CHUNK``), so odd sizes cross many chunks and the ring wraps around, and
+(``HPCCOMM_SHM_CHUNK``), so odd sizes cross many chunks and the ring wraps around, or
+its small channel up to 4 KiB, and
 one with ``HPCCOMM_SHM=0``, plain MPI. Integer and boolean results must equal the exact
 reduction bit for bit (NumPy over every rank's gathered input: what a correct MPI
 returns), floating ones MPI's up to the order of additions, and every rank of the
@@ -13,7 +14,6 @@ shared-memory group must hold the same bits. At one rank the groups are plain MP
 Failure scenarios (a rank that dies mid-collective, one that never comes) run as their
 own jobs from tests/scripts/shm_case.py.
 """
-import contextlib
 import functools
 import os
 import time
@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import COMPLEX, INTS, NUMPY_DTYPES, RTOL, result_lines
+from helpers import COMPLEX, INTS, NUMPY_DTYPES, RTOL, environment, result_lines
 from helpers import numpy_dtype as dtype_of
 from helpers import run_case as run_job
 
@@ -71,40 +71,6 @@ def assert_same(got, want, name, what):
         assert np.array_equal(got, want), what
 
 
-@contextlib.contextmanager
-def environment(**values):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update({name: str(value) for name, value in values.items()})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@pytest.fixture(scope="module")
-def members(world):
-    """The global ranks of this rank's node, in order (as hpccomm places them)."""
-    from mpi4py import MPI
-
-    from hpccomm.backends.mpi import placement
-
-    node = placement.node_comm(world.comm)
-    try:
-        mine = node.Get_group()
-        ours = world.comm.Get_group()
-        try:
-            return list(MPI.Group.Translate_ranks(mine, list(range(node.Get_size())), ours))
-        finally:
-            mine.Free()
-            ours.Free()
-    finally:
-        node.Free()
-
-
 @pytest.fixture
 def rank(dist, members):
     """This rank's place among its node's ranks (the groups' rank)."""
@@ -117,19 +83,26 @@ def size(members):
     return len(members)
 
 
-@pytest.fixture(scope="module", params=["staged", "in place"])
+@pytest.fixture(scope="module", params=["staged", "in place", "small channel"])
 def groups(world, members, request):
     """``(shared-memory group, plain MPI group)``, both of every rank. The shared-memory
     group either copies private arrays into shared memory ("staged": what it does where
     processes cannot read each other's memory) or reads them in place by cross-memory
-    attach where the kernel allows it (else it stages too)."""
+    attach where the kernel allows it (else it stages too); both take the ring from one
+    byte. The third sends messages of up to 4 KiB through the small channel
+    (:mod:`hpccomm.backends.shm.small`, whole operations in C) and larger ones the
+    default way, so the sizes below cross from one to the other."""
     import hpccomm as dist
 
     ranks = members
-    cma = "1" if request.param == "in place" else "0"
-    with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1, HPCCOMM_SHM_CHUNK=1024,
-                     HPCCOMM_SHM_CMA=cma):
-        shm = dist.new_group(ranks)
+    if request.param == "small channel":
+        with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_SMALL="4K"):
+            shm = dist.new_group(ranks)
+    else:
+        cma = "1" if request.param == "in place" else "0"
+        with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1, HPCCOMM_SHM_CHUNK=1024,
+                         HPCCOMM_SHM_CMA=cma):
+            shm = dist.new_group(ranks)
     with environment(HPCCOMM_SHM="0"):
         plain = dist.new_group(ranks)
     if request.param == "staged" and len(members) > 1:
@@ -170,9 +143,16 @@ def same_everywhere(dist, plain, arr):
 def test_groups_take_the_path_they_should(groups, size):
     from hpccomm.backends.shm.communicator import SharedMemoryCommunicator
 
+    from hpccomm.backends.base import ALL_REDUCE, BROADCAST
+    from hpccomm.backends.shm import small
+
     shm, plain = groups
     assert isinstance(shm.cpu, SharedMemoryCommunicator) == (size > 1)
     assert not isinstance(plain.cpu, SharedMemoryCommunicator)
+    if size > 1 and small.available():  # the small channel stops where the ring starts
+        sizes = shm.cpu.small.sizes
+        assert sizes[ALL_REDUCE] == (4096 if shm.cpu.min_reduce > 1 else 0)
+        assert sizes[BROADCAST] < shm.cpu.min_bcast
 
 
 @pytest.mark.mpi(min_size=2)
@@ -438,7 +418,8 @@ def test_mismatched_sizes_are_an_error_not_a_hang(dist, members, rank, size):
         with pytest.raises(dist.DistError) as info:
             dist.all_reduce(x, group=group)
         assert time.monotonic() - start < 10
-        assert "another kind, dtype or size" in str(info.value) or "timed out" in str(info.value)
+        assert any(words in str(info.value) for words in
+                   ("another kind, dtype or size", "the ranks disagree", "timed out"))
     finally:
         dist.destroy_process_group(group)
 

@@ -1,0 +1,242 @@
+"""The small-collective channel (backends/shm/small.py, _small.c): what takes it, its two
+entries (the synchronous call whole in C, and the started operation the general path
+waits for) giving the same bytes, operations in flight past its slots and its queue,
+ranks that disagree or never come, and its off switch.
+
+Its results for every operation, dtype and reduction against MPI are tested with the
+shared-memory ring's, in tests/test_shm.py (its "small channel" groups). Groups here are
+made of this node's ranks, as shared memory serves the ranks of one node; at one rank
+there is no channel and the tests say so.
+"""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from helpers import environment
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+@pytest.fixture
+def rank(dist, members):
+    """This rank's place among its node's ranks (the groups' rank)."""
+    return members.index(dist.get_rank())
+
+
+@pytest.fixture
+def size(members):
+    """The number of ranks on this node (the groups' size)."""
+    return len(members)
+
+
+@pytest.fixture
+def small_group(dist, members):
+    """A group of this node's ranks with the small channel at its default sizes."""
+    from hpccomm.backends.shm import small
+
+    if len(members) < 2:
+        pytest.skip("one rank on this node: no shared memory to share")
+    if not small.available():
+        pytest.skip("the C helper _small is not built (no C compiler at install) or "
+                    "HPCCOMM_SHM_SMALL=0")
+    with environment(HPCCOMM_SHM="1"):
+        group = dist.new_group(members, timeout=20)
+    assert group.cpu.small is not None, "a group of one node's ranks has no small channel"
+    yield group
+    dist.destroy_process_group(group)
+
+
+def taken(group):
+    """Operations started on the group's channel so far."""
+    return group.cpu.small.kernel.started
+
+
+def test_small_operations_take_the_channel_and_larger_ones_do_not(dist, small_group, rank,
+                                                                  size):
+    from hpccomm.backends.base import ALL_REDUCE
+
+    limit = small_group.cpu.small.sizes[ALL_REDUCE]
+    before = taken(small_group)
+    x = np.full(limit // 8, float(rank + 1))
+    dist.all_reduce(x, group=small_group)
+    assert taken(small_group) == before + 1
+    assert (x == size * (size + 1) / 2).all()
+    y = np.full(limit // 8 + 1, 1.0)
+    dist.all_reduce(y, group=small_group)  # one element over: MPI (or the ring)
+    assert taken(small_group) == before + 1 and (y == size).all()
+    dist.barrier(group=small_group)
+    assert taken(small_group) == before + 2
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync (whole in C)", "async"])
+def test_both_entries_give_every_operation_the_same_bytes(dist, small_group, rank, size,
+                                                          async_op):
+    """Synchronous calls run whole in C; async ones are started and waited for the
+    general way. Both speak one protocol, so each gives the reference result."""
+    def call(fn, *args, **kwargs):
+        work = fn(*args, group=small_group, async_op=async_op, **kwargs)
+        if async_op:
+            work.wait()
+        else:
+            assert work is None
+
+    before = taken(small_group)
+    x = np.arange(6, dtype=np.int64) * (rank + 1)
+    call(dist.all_reduce, x, op=dist.ReduceOp.MAX)
+    assert (x == np.arange(6) * size).all()
+    b = np.full(5, rank, np.float32)
+    call(dist.broadcast, b, group_src=size - 1)
+    assert (b == size - 1).all()
+    out = np.zeros(3 * size, np.int16)
+    call(dist.all_gather_into_tensor, out, np.full(3, rank, np.int16))
+    assert (out == np.repeat(np.arange(size), 3)).all()
+    rs = np.zeros(2, np.float64)
+    call(dist.reduce_scatter_tensor, rs, np.arange(2 * size, dtype=np.float64) + rank)
+    assert (rs == size * np.arange(2 * rank, 2 * rank + 2) + size * (size - 1) / 2).all()
+    a2a = np.zeros(size, np.uint32)
+    call(dist.all_to_all_single, a2a, np.arange(size, dtype=np.uint32) + 100 * rank)
+    assert (a2a == 100 * np.arange(size) + rank).all()
+    call(dist.barrier)
+    assert taken(small_group) == before + 6
+
+
+def test_operations_in_flight_past_the_slots_and_the_queue(dist, small_group, rank, size):
+    """More async operations than slots (a rank waits for its peers' reads before it
+    reuses one) and than the queue holds (a start then waits for the oldest), finished
+    in reverse order, each with its own result."""
+    from hpccomm.backends.shm import _small, small
+
+    count = _small.QUEUE + 3 * small.SLOTS
+    xs = [np.full(3, float(rank + i)) for i in range(count)]
+    works = [dist.all_reduce(x, group=small_group, async_op=True) for x in xs]
+    for work in reversed(works):
+        work.wait()
+    for i, x in enumerate(xs):
+        assert (x == sum(r + i for r in range(size))).all(), i
+    assert small_group.cpu.small.kernel.pending() == 0
+
+
+def test_one_rank_sync_another_async_and_one_strided_input(dist, small_group, rank, size):
+    """Each rank picks its entry (sync or async, contiguous or not) on its own; they meet
+    on the channel all the same."""
+    x = np.full(4, rank + 1.0)
+    if rank == 0:
+        dist.all_reduce(x, group=small_group, async_op=True).wait()
+    else:
+        dist.all_reduce(x, group=small_group)
+    assert (x == size * (size + 1) / 2).all()
+    base = np.arange(8, dtype=np.float32) + 10 * rank
+    mine = base[::2] if rank == 0 else base[::2].copy()  # a strided view on rank 0 only
+    out = np.zeros(4 * size, np.float32)
+    dist.all_gather_into_tensor(out, mine, group=small_group)
+    assert (out == np.concatenate([np.arange(0, 8, 2) + 10 * r for r in range(size)])).all()
+
+
+def test_ranks_that_disagree_get_an_error_naming_both_calls(dist, members, rank, size):
+    """Every rank checks the peers' headers: another size or another operation is an
+    error on the ranks that see it (MPI would hang or mix the data)."""
+    from hpccomm.backends.shm import small
+
+    if not small.available():
+        pytest.skip("the C helper _small is not built or HPCCOMM_SHM_SMALL=0")
+    with environment(HPCCOMM_SHM="1"):
+        group = dist.new_group(members, timeout=10)
+    try:
+        x = np.ones(2 + (rank == 0), np.float64)  # rank 0: 24 bytes, the others 16
+        with pytest.raises(dist.DistBackendError) as info:
+            dist.all_reduce(x, group=group)
+        message = str(info.value)
+        assert "the ranks disagree" in message and "all_reduce of 24 bytes" in message
+        assert "all_reduce of 16 bytes" in message and f"rank {rank}/{size}" in message
+    finally:
+        dist.destroy_process_group(group)
+    with environment(HPCCOMM_SHM="1"):
+        group = dist.new_group(members, timeout=10)
+    try:
+        x = np.ones(2, np.float64)
+        with pytest.raises(dist.DistBackendError, match="the ranks disagree") as info:
+            if rank == 0:
+                dist.all_reduce(x, group=group)
+            else:
+                dist.broadcast(x, group_src=0, group=group)
+        other = "broadcast" if rank == 0 else "all_reduce"
+        assert f"called {other} of 16 bytes" in str(info.value)
+    finally:
+        dist.destroy_process_group(group)
+
+
+def test_a_rank_that_never_comes_is_a_timeout_not_a_hang(dist, members, rank, size):
+    from hpccomm.backends.shm import small
+
+    if not small.available():
+        pytest.skip("the C helper _small is not built or HPCCOMM_SHM_SMALL=0")
+    with environment(HPCCOMM_SHM="1"):
+        group = dist.new_group(members, timeout=0.5)
+    try:
+        if rank != 0:
+            start = time.monotonic()
+            with pytest.raises(dist.DistTimeoutError, match="timed out") as info:
+                dist.all_reduce(np.ones(2), group=group)
+            assert time.monotonic() - start < 5
+            assert f"rank {rank}/{size}" in str(info.value)
+    finally:
+        dist.barrier()  # rank 0 waits here until the others have timed out
+        dist.destroy_process_group(group)
+
+
+def test_another_thread_waits_while_one_spins(dist, small_group, rank, size):
+    """The synchronous spin releases the GIL after its first microseconds: a Python
+    thread runs meanwhile (a store server, a progress thread)."""
+    ticks = []
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+    thread = threading.Thread(target=tick)
+    thread.start()
+    try:
+        if rank == 0:
+            time.sleep(0.2)  # the others spin meanwhile
+        x = np.ones(1)
+        dist.all_reduce(x, group=small_group)
+        assert x[0] == size
+    finally:
+        stop.set()
+        thread.join()
+    if rank != 0:
+        assert len(ticks) > 20, "the thread did not run while this rank waited"
+
+
+def test_off_switch_sends_small_messages_through_mpi(dist, members, rank, size):
+    with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_SMALL="0"):
+        group = dist.new_group(members)
+    try:
+        assert group.cpu.small is None and group.cpu.small_run is None
+        x = np.full(3, rank + 1)
+        dist.all_reduce(x, group=group)
+        assert (x == size * (size + 1) // 2).all()
+    finally:
+        dist.destroy_process_group(group)
+
+
+def test_work_of_a_destroyed_group_raises_instead_of_touching_its_memory(dist, members,
+                                                                         rank, size):
+    """Destroying a group closes its channel before its memory goes: a Work still
+    pending then fails with an error instead of reading unmapped memory."""
+    from hpccomm.backends.shm import small
+
+    if not small.available():
+        pytest.skip("the C helper _small is not built or HPCCOMM_SHM_SMALL=0")
+    with environment(HPCCOMM_SHM="1"):
+        group = dist.new_group(members, timeout=5)
+    work = None
+    if rank == 0:  # the others never join: it stays pending
+        work = dist.all_reduce(np.ones(2), group=group, async_op=True)
+    dist.destroy_process_group(group)
+    if work is not None:
+        with pytest.raises(dist.DistError, match="closed|destroyed"):
+            work.wait()
