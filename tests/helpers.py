@@ -107,3 +107,13 @@ def environment(**values):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def skip_below_thread_multiple(what: str) -> None:
+    """Skip the calling test where MPI runs below ``MPI_THREAD_MULTIPLE`` (the suite's
+    run at ``MPI_THREAD_SERIALIZED``): ``what`` needs that level by design."""
+    import pytest
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        pytest.skip(f"{what} needs MPI_THREAD_MULTIPLE; this run is below it")

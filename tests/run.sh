@@ -9,9 +9,10 @@
 # pins Lightning, Accelerate and DeepSpeed for tests/test_frameworks.py.)
 # Each run is tests/run_suite.py: serial tests, then MPI tests under that library's
 # mpiexec at 1, 2 and 4 ranks; under MPICH the MPI tests run once more at 4 ranks
-# placed as 2 simulated nodes. The last line adds the runs up; the exit status is
-# non-zero if any run failed. HPCCOMM_TEST_MPIS=mpich,openmpi,impi picks the libraries;
-# extra arguments go to every tests/run_suite.py.
+# placed as 2 simulated nodes, and once more at 2 ranks at MPI_THREAD_SERIALIZED.
+# The last line adds the runs up; the exit status is non-zero if any run failed.
+# HPCCOMM_TEST_MPIS=mpich,openmpi,impi picks the libraries; extra arguments go to
+# every tests/run_suite.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MPIS=${HPCCOMM_TEST_MPIS:-mpich,openmpi,impi}
@@ -40,6 +41,12 @@ for mpi in ${MPIS//,/ }; do
             # once more as a job of two nodes (MPICH's cliques: shared memory within each
             # half, MPI's network path between them), as clusters place ranks
             suite "MPICH, 2 nodes" .venv mpich --ranks 4 --nodes 2 --no-serial "$@" \
+                || status=1
+            # and at MPI_THREAD_SERIALIZED, where some sites' MPI leaves programs (the
+            # job's store is then served over TCP; MPIStore and torch's progress thread,
+            # which need MPI_THREAD_MULTIPLE, skip)
+            MPI4PY_RC_THREAD_LEVEL=serialized HPCCOMM_MPI_THREAD_LEVEL=serialized \
+                suite "MPICH, serialized" .venv mpich --ranks 2 --no-serial "$@" \
                 || status=1 ;;
         openmpi)
             venv .venv-openmpi test-openmpi,torch,frameworks

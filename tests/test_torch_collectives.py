@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from helpers import skip_below_thread_multiple
+
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install "
                                             "'hpccomm[torch]'); the torch backend is untested")
 dist = pytest.importorskip("torch.distributed")
@@ -591,6 +593,7 @@ def test_async_ops_in_flight_together(torch_world, rank, size):
 def test_async_work_progresses_without_wait(torch_world, rank, size):
     """A large async all_reduce completes while the caller computes (GIL released) and
     never calls wait(): the progress thread drives it."""
+    skip_below_thread_multiple("the progress thread (MPI calls from a second thread)")
     x = torch.ones(4 << 20)  # 16 MiB
     a = torch.randn(512, 512)
     work = dist.all_reduce(x, async_op=True)

@@ -25,6 +25,8 @@ import pytest
 import hpccomm as dist
 from hpccomm import DistError, DistNetworkError, DistStoreError
 
+from helpers import skip_below_thread_multiple
+
 HOST = "127.0.0.1"
 #: Keys the set/get check creates: key, key0, key1, key2, key3. torch expects one more
 #: in TCPStore and FileStore, their internal key; hpccomm's stores hide theirs.
@@ -642,6 +644,7 @@ def test_interrupt_doesnt_break_wait():
 def mpi_store():
     from mpi4py import MPI
 
+    skip_below_thread_multiple("MPIStore (its server is a thread of rank 0)")
     store = dist.MPIStore(timeout=timedelta(seconds=30))
     yield store, MPI.COMM_WORLD
     store.close()
