@@ -8,14 +8,15 @@ The driver never initializes MPI: it alternates ``--repeats`` pairs of jobs unde
 ``--mpiexec`` (default: the one beside this Python), one after the other, and writes
 the merged results (:func:`hpccomm.bench.alternate`, :func:`hpccomm.bench.merge`). The
 first job of a pair is this script under the launcher, with every variant below, at
-the MPI thread level hpccomm starts MPI at (:mod:`hpccomm.mpi_level`: MPICH
-serialized, the others multiple); the second is ``python -m hpccomm.bench --raw-only
+the MPI thread level hpccomm starts MPI at (:mod:`hpccomm.mpi_level`: multiple unless
+``HPCCOMM_MPI_THREAD_LEVEL`` says otherwise); the second is ``python -m hpccomm.bench --raw-only
 --thread-level other``: mpi4py's blocking call alone at the other of MPI_THREAD_MULTIPLE
 and MPI_THREAD_SERIALIZED. Raw mpi4py at MULTIPLE is the ``mpi4py`` column, below it the
 ``mpi4py_serialized`` one (and ``hpccomm_over_mpi4py_serialized_bw``), whichever job
 measured it. Each job measures for ``--budget / --repeats`` per (op, size); the medians
 and best rounds are over the rounds of all jobs. Run under a launcher by hand, the
-script is one job of the first kind alone (no ``mpi4py_serialized`` column)::
+script is one job of the first kind alone (no ``mpi4py_serialized`` column; so is the
+driver with ``--no-serialized``)::
 
     mpiexec -n 2 python benchmarks/collectives.py --out /tmp/bench_collectives_n2.csv
 
@@ -147,6 +148,10 @@ def parse():
     parser.add_argument("-n", type=int, default=2, help="--driver: ranks per job")
     parser.add_argument("--mpiexec", default=None,
                         help="--driver: the launcher (default: the mpiexec beside this Python)")
+    parser.add_argument("--no-serialized", action="store_true",
+                        help="--driver: jobs of every variant only, no mpi4py job at "
+                             "MPI_THREAD_SERIALIZED (where ranks outnumber cores MPICH's "
+                             "blocking calls there spin for milliseconds per operation)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="--driver: pairs of jobs; each job measures BUDGET/REPEATS")
     parser.add_argument("--samples-out", default=None, help=argparse.SUPPRESS)
@@ -173,8 +178,13 @@ def driver(args):
             return [HERE, *common, "--out", job_out, *([] if last else ["--no-objects"])]
         second = ["-m", "hpccomm.bench", "--raw-only", "--thread-level", "other",
                   *common]
-        jobs, serialized = bench.alternate(
-            first, second, repeats, lambda words: [mpiexec, "-n", str(n), python, *words])
+        launch = lambda words: [mpiexec, "-n", str(n), python, *words]  # noqa: E731
+        if args.no_serialized:
+            jobs = [job for _, job in bench.run_jobs(
+                [("a", first(r)) for r in range(repeats)], launch)]
+            serialized = []
+        else:
+            jobs, serialized = bench.alternate(first, second, repeats, launch)
         rows = bench.merge(jobs, serialized)
         for row in rows:
             row["hpccomm_minus_mpi4py_us"] = row["hpccomm_us"] - row["mpi4py_us"]
@@ -186,7 +196,8 @@ def driver(args):
             meta = json.load(f)
         meta.update(seconds=time.time() - t_start, jobs=len(jobs), serialized_jobs=len(
             serialized), thread_level=jobs[0]["thread_level"],
-                    serialized_thread_level=serialized[0]["thread_level"])
+                    serialized_thread_level=(serialized[0]["thread_level"] if serialized
+                                             else None))
         with open(base + ".json", "w") as f:
             json.dump(meta, f, indent=1)
         objects = os.path.join(scratch, "bench_objects_job.csv")
@@ -196,12 +207,14 @@ def driver(args):
         shutil.rmtree(scratch, ignore_errors=True)
     ser = bench.SERIALIZED
     print(f"# merged: {len(jobs)} jobs at {jobs[0]['thread_level']}, {len(serialized)} of "
-          f"mpi4py alone at {serialized[0]['thread_level']}")
+          f"mpi4py alone" + (f" at {serialized[0]['thread_level']}" if serialized else ""))
+    shown = VARIANTS + ([ser] if serialized else [])
     for row in rows:
         print(f"{row['op']:24s} {size_text(row['bytes']):>8s} "
-              + " ".join(f"{v}={row[f'{v}_us']:10.2f}us" for v in VARIANTS + [ser])
+              + " ".join(f"{v}={row[f'{v}_us']:10.2f}us" for v in shown)
               + f"  hp/mpi bw {row['hpccomm_over_mpi4py_bw']:.3f}"
-                f"  hp/ser bw {row[f'hpccomm_over_{ser}_bw']:.3f}", flush=True)
+              + (f"  hp/ser bw {row[f'hpccomm_over_{ser}_bw']:.3f}" if serialized else ""),
+              flush=True)
     print(f"wrote {os.path.normpath(out)}; the run took {meta['seconds']:.0f} s", flush=True)
 
 

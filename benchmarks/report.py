@@ -164,6 +164,84 @@ def shm_verdicts(data):
                   "load at end"], rows)
 
 
+def _small_channel_takes(op, nbytes, ranks):
+    """Whether the small channel takes a cell at its default sizes (the buffer for
+    all_reduce and broadcast, one rank's block for the others)."""
+    from hpccomm.backends.base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST,
+                                       REDUCE_SCATTER)
+    from hpccomm.backends.shm import small
+
+    code = {"all_reduce": ALL_REDUCE, "broadcast": BROADCAST,
+            "all_gather_into_tensor": ALL_GATHER, "reduce_scatter_tensor": REDUCE_SCATTER,
+            "all_to_all_single": ALL_TO_ALL}.get(op)
+    if code is None:
+        return False
+    counted = nbytes if code in (ALL_REDUCE, BROADCAST) else nbytes // ranks
+    return counted <= small.limits(ranks)[code]
+
+
+def small_verdicts(data):
+    """The small-message goals, judged on one run's medians against raw mpi4py at its
+    default thread level (``mpi4py``: MPI_THREAD_MULTIPLE) and at its fastest (``mpi4py
+    ser``: MPI_THREAD_SERIALIZED, the other job of the same run)."""
+    rows = []
+    for n, (rcs, meta) in sorted(data.items()):
+        if not rcs:
+            continue
+        load = (meta.get("loadavg") or [float("nan")])[0]
+        at = {(r["op"], r["bytes"]): r for r in rcs}
+        r8 = at.get(("all_reduce", 8))
+        if r8 and n == 2 and "mpi4py_serialized_us" in r8:
+            for stat, label in (("", "median"), ("_min", "best round")):
+                if f"hpccomm{stat}_us" not in r8:
+                    continue
+                got = r8[f"hpccomm{stat}_us"]
+                ser = r8.get(f"mpi4py_serialized{stat}_us", float("nan"))
+                rows.append([n, f"all_reduce 8 B, sync: ≤ 1.0 µs ({label})",
+                             f"{got:.2f} µs (mpi4py {r8[f'mpi4py{stat}_us']:.2f}, "
+                             f"mpi4py ser {ser:.2f})",
+                             "met" if got <= 1.0 else "**missed**", f"{load:.1f}"])
+        for op in OPS:
+            cells = [r for r in rcs if r["op"] == op and r["bytes"] <= 256 * KiB]
+            if not cells or "mpi4py_serialized_us" not in cells[0]:
+                continue
+            default = lambda r: r["mpi4py_us"] / r["hpccomm_us"]  # noqa: E731
+            fastest = lambda r: r["mpi4py_serialized_us"] / r["hpccomm_us"]  # noqa: E731
+            worst_d, worst_f = min(cells, key=default), min(cells, key=fastest)
+            ok = default(worst_d) >= 1.0 and fastest(worst_f) >= 0.8
+            rows.append([n, f"{op} 8 B to 256 KiB: ≥ 1.0 × mpi4py, ≥ 0.8 × mpi4py ser",
+                         f"worst {default(worst_d):.2f} at {size_str(worst_d['bytes'])}; "
+                         f"worst {fastest(worst_f):.2f} at {size_str(worst_f['bytes'])}",
+                         "met" if ok else "**missed**", f"{load:.1f}"])
+        if n == 2:
+            big = [r for r in rcs if r["op"] == "all_reduce" and MiB <= r["bytes"] <= 16 * MiB]
+            if big:
+                ratio = lambda r: r["mpi4py_us"] / r["hpccomm_us"]  # noqa: E731
+                worst = min(big, key=ratio)
+                rows.append([n, "all_reduce 1-16 MiB: ≥ 2 × mpi4py",
+                             f"worst {ratio(worst):.2f} at {size_str(worst['bytes'])}",
+                             "met" if ratio(worst) >= 2 else "**missed**", f"{load:.1f}"])
+        else:  # shared cores: against hpccomm's own path through MPI (what it took before)
+            ratio = lambda r: r["hpccomm_noshm_us"] / r["hpccomm_us"]  # noqa: E731
+            cells = [r for r in rcs if r["bytes"] <= 256 * KiB and "hpccomm_noshm_us" in r
+                     and r["op"] != "send_recv"]
+            taken = [r for r in cells if _small_channel_takes(r["op"], r["bytes"], n)]
+            if taken:
+                worst = min(taken, key=ratio)
+                rows.append([n, "what the small channel takes: no slower than hpccomm "
+                                "through MPI (SHM=0)",
+                             f"worst {ratio(worst):.2f} ({worst['op']} "
+                             f"{size_str(worst['bytes'])}), median "
+                             f"{sorted(map(ratio, taken))[len(taken) // 2]:.2f}",
+                             "met" if ratio(worst) >= 0.97 else "**missed**", f"{load:.1f}"])
+            rest = [r for r in cells if r not in taken]
+            if rest:  # the same MPI path in both columns: the run's noise
+                rows.append([n, "the rest up to 256 KiB (MPI in both columns)",
+                             ", ".join(f"{r['op']} {size_str(r['bytes'])} {ratio(r):.2f}"
+                                       for r in rest), "(same path)", f"{load:.1f}"])
+    return table(["ranks", "goal", "measured (same run)", "verdict", "load at end"], rows)
+
+
 def _verdict_rows(n, rcs, stat):
     """Target checks on the median (stat='') or best-round (stat='_min') times."""
     t = lambda r, v: r[f"{v}{stat}_us"]  # noqa: E731
@@ -461,7 +539,8 @@ Regenerate everything (CSV, plot, the tables below) with one command:
 def main():
     data = load()
     blocks = {"headline": headline(data), "targets": verdicts(data), "stats": stats_table(data),
-              "shm_goals": shm_verdicts(data), "membw_curve": membw_curve(),
+              "shm_goals": shm_verdicts(data), "small_goals": small_verdicts(data),
+              "membw_curve": membw_curve(),
               "objects": objects_table(), "init": init_table(), "membw": membw_table(),
               "hotpath": hotpath_table()}
     blocks.update(collectives_tables(data))
@@ -478,7 +557,7 @@ def main():
                   file=sys.stderr)
     with open(md_path, "w") as f:
         f.write(text)
-    for name in ["headline", "targets", "stats", "shm_goals", "membw_curve"] + sorted(k for k in blocks if k.startswith("coll")) + [
+    for name in ["headline", "targets", "stats", "shm_goals", "small_goals", "membw_curve"] + sorted(k for k in blocks if k.startswith("coll")) + [
             "objects", "init", "membw", "hotpath"]:
         print(f"\n## {name}\n\n{blocks.get(name, '')}")
     print(f"\nwrote {md_path}" + (f" and {png}" if png else ""))
