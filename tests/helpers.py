@@ -14,6 +14,7 @@ import time
 from typing import Dict, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
+import pytest
 
 from launcher_env import mpiexec
 
@@ -112,8 +113,20 @@ def environment(**values):
 def skip_below_thread_multiple(what: str) -> None:
     """Skip the calling test where MPI runs below ``MPI_THREAD_MULTIPLE`` (the suite's
     run at ``MPI_THREAD_SERIALIZED``): ``what`` needs that level by design."""
-    import pytest
     from mpi4py import MPI
 
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         pytest.skip(f"{what} needs MPI_THREAD_MULTIPLE; this run is below it")
+
+
+@pytest.fixture(name="rank")
+def node_rank(dist, members):
+    """This rank's place among its node's ranks (the rank in groups of those ranks). A
+    test module that imports it has it as ``rank`` in place of conftest's."""
+    return members.index(dist.get_rank())
+
+
+@pytest.fixture(name="size")
+def node_size(members):
+    """The number of ranks on this node (the size of groups of those ranks), as ``size``."""
+    return len(members)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from helpers import COMPLEX, INTS, NUMPY_DTYPES, RTOL, environment, result_lines
+from helpers import node_rank, node_size  # noqa: F401 (fixtures: rank and size on the node)
 from helpers import numpy_dtype as dtype_of
 from helpers import run_case as run_job
 
@@ -69,18 +70,6 @@ def assert_same(got, want, name, what):
                                    rtol=RTOL[name], err_msg=what)
     else:
         assert np.array_equal(got, want), what
-
-
-@pytest.fixture
-def rank(dist, members):
-    """This rank's place among its node's ranks (the groups' rank)."""
-    return members.index(dist.get_rank())
-
-
-@pytest.fixture
-def size(members):
-    """The number of ranks on this node (the groups' size)."""
-    return len(members)
 
 
 @pytest.fixture(scope="module", params=["staged", "in place", "small channel"])

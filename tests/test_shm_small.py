@@ -15,20 +15,9 @@ import numpy as np
 import pytest
 
 from helpers import environment
+from helpers import node_rank, node_size  # noqa: F401 (fixtures: rank and size on the node)
 
 pytestmark = pytest.mark.mpi(min_size=2)
-
-
-@pytest.fixture
-def rank(dist, members):
-    """This rank's place among its node's ranks (the groups' rank)."""
-    return members.index(dist.get_rank())
-
-
-@pytest.fixture
-def size(members):
-    """The number of ranks on this node (the groups' size)."""
-    return len(members)
 
 
 @pytest.fixture
