@@ -229,3 +229,23 @@ def test_work_of_a_destroyed_group_raises_instead_of_touching_its_memory(dist, m
     if work is not None:
         with pytest.raises(dist.DistError, match="closed|destroyed"):
             work.wait()
+
+
+def test_arguments_are_checked_as_on_the_general_path(dist, small_group, rank, size):
+    """The channel takes only NumPy arrays (other buffers go the general way) whose
+    dtypes agree; what is wrong meets the general path's checks and their errors, with
+    nothing sent."""
+    before = taken(small_group)
+    out = np.empty(4 * size, np.float32)  # the same bytes as 2 float64 per rank
+    with pytest.raises(dist.DistValueError, match="dtype"):
+        dist.all_gather_into_tensor(out, np.ones(2, np.float64), group=small_group)
+    with pytest.raises(dist.DistValueError, match="NumPy or CuPy array"):
+        dist.all_reduce([1.0, 2.0], group=small_group)
+    with pytest.raises(dist.DistValueError, match="read-only"):
+        frozen = np.ones(2)
+        frozen.flags.writeable = False
+        dist.all_reduce(frozen, group=small_group)
+    assert taken(small_group) == before
+    x = np.ones(2)
+    dist.all_reduce(x, group=small_group)  # the channel is still in step on every rank
+    assert (x == size).all() and taken(small_group) == before + 1

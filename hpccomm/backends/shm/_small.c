@@ -380,6 +380,9 @@ static void release(op_t *op)
 
 /* -- describing an operation from Python's arguments ------------------------------------ */
 
+/* numpy.ndarray, set once by accept(): the only type the channel takes from Python */
+static PyTypeObject *array_type;
+
 /* Fill op from (operation, send, recv, redop, root). Returns 1 when the small path
  * takes it, 0 when it does not (no Python error set), -1 on an error. */
 static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *recv,
@@ -404,6 +407,10 @@ static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *r
         }
         op->redop = (int)value;
     }
+    /* NumPy arrays only (exact type): anything else is validated by the general path */
+    if ((send != Py_None && Py_TYPE(send) != array_type) ||
+        (recv != Py_None && Py_TYPE(recv) != array_type))
+        return 0;
     if (recv != Py_None) {
         /* a broadcast's root only reads its buffer, which may be read-only */
         int flags = (code == OP_BROADCAST && root == me ? 0 : PyBUF_WRITABLE) |
@@ -429,6 +436,12 @@ static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *r
     if (op->has_send && (op->kind = kind_of(op->send.format, op->send.itemsize)) < 0)
         goto not_here;
     if (op->has_recv && kind_of(op->recv.format, op->recv.itemsize) < 0)
+        goto not_here;
+    /* one dtype for both buffers, as the general path requires (else it says why) */
+    if (op->has_send && op->has_recv && send != recv &&
+        (op->send.itemsize != op->recv.itemsize ||
+         strcmp(op->send.format ? op->send.format : "B",
+                op->recv.format ? op->recv.format : "B") != 0))
         goto not_here;
     switch (code) {
     case OP_BARRIER:
@@ -760,8 +773,22 @@ static PyObject *Small_close(Small *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* accept(type): the array type the channel takes (numpy.ndarray) */
+static PyObject *module_accept(PyObject *module, PyObject *arg)
+{
+    if (!PyType_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "accept(type)");
+        return NULL;
+    }
+    Py_INCREF(arg);
+    Py_XDECREF((PyObject *)array_type);
+    array_type = (PyTypeObject *)arg;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"kind", module_kind, METH_O, "kind(array) -> the channel's element kind, or -1"},
+    {"accept", module_accept, METH_O, "accept(type): the array type the channel takes"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,6 +35,8 @@ try:
     from . import _small  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler: MPI for small messages
     _small = None
+else:
+    _small.accept(np.ndarray)  # what it takes from Python; the rest goes the general way
 
 #: Slots per rank: operations of one rank that may be in flight at once.
 SLOTS = 4
