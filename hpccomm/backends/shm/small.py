@@ -40,14 +40,24 @@ else:
 
 #: Slots per rank: operations of one rank that may be in flight at once.
 SLOTS = 4
-#: Largest operation per code, in bytes as the channel counts them (the buffer for
-#: all_reduce and broadcast, one rank's block for the others), by default: measured
-#: against MPI (MPICH, two ranks, docs/performance.md), the channel was ahead up to
-#: 256 KiB for all_reduce, all_gather and reduce_scatter, and up to 32 KiB for broadcast
-#: and all_to_all (16 KiB blocks), where MPI's single-copy paths take over. All stop at
-#: :data:`BUDGET` and below the ring's thresholds.
-DEFAULT_LIMITS = {BARRIER: 1, ALL_REDUCE: 256 * 1024, BROADCAST: 32 * 1024,
-                  ALL_GATHER: 128 * 1024, REDUCE_SCATTER: 128 * 1024, ALL_TO_ALL: 16 * 1024}
+#: MPI library family (:func:`hpccomm.backends.mpi.gate.family`) -> largest operation
+#: per code, in bytes as the channel counts them (the buffer for all_reduce and
+#: broadcast, one rank's block for the others). Chosen against hpccomm's path through
+#: that library's MPI (2 ranks, interleaved, docs/performance.md): MPICH's nonblocking
+#: collectives are slow at every small size, so the channel is ahead up to 256 KiB for
+#: the reductions and all_gather and up to 32 KiB for broadcast and all_to_all (where
+#: MPICH's single-copy transfers take over); Open MPI's are slow for the reductions;
+#: Intel MPI's are fast from a few KiB (all_reduce of 16 KiB: 4 us, the channel 10 us),
+#: so it keeps to the latency-bound sizes there, as does an unknown library.
+DEFAULT_LIMITS = {
+    "mpich": {ALL_REDUCE: 256 * 1024, BROADCAST: 32 * 1024, ALL_GATHER: 128 * 1024,
+              REDUCE_SCATTER: 128 * 1024, ALL_TO_ALL: 16 * 1024},
+    "openmpi": {ALL_REDUCE: 256 * 1024, BROADCAST: 16 * 1024, ALL_GATHER: 16 * 1024,
+                REDUCE_SCATTER: 128 * 1024, ALL_TO_ALL: 8 * 1024},
+    "intel": {ALL_REDUCE: 4 * 1024, BROADCAST: 16 * 1024, ALL_GATHER: 8 * 1024,
+              REDUCE_SCATTER: 8 * 1024, ALL_TO_ALL: 8 * 1024},
+}
+DEFAULT_LIMITS["other"] = DEFAULT_LIMITS["intel"]
 #: Bytes of one rank's slots together at most, whatever the group's size.
 BUDGET = 1 << 20
 #: Longest spin of a synchronous call in C before it joins the general wait.
@@ -69,10 +79,14 @@ def available() -> bool:
     return _small is not None and settings.SHM_SMALL.get() != 0
 
 
-def limits(size: int) -> Tuple[int, ...]:
-    """Largest operation per code for a group of ``size`` ranks on one node."""
+def limits(size: int, vendor: Optional[str] = None) -> Tuple[int, ...]:
+    """Largest operation per code for a group of ``size`` ranks on one node, with the
+    MPI library ``vendor`` (``MPI.get_vendor()[0]``; default: the one loaded)."""
+    from ..mpi import gate
+
     forced = settings.SHM_SMALL.get()
-    chosen = {code: forced or limit for code, limit in DEFAULT_LIMITS.items()}
+    table = DEFAULT_LIMITS[gate.family(vendor or MPI.get_vendor()[0])]
+    chosen = {code: forced or table.get(code, 1) for code in range(6)}
     per_rank = BUDGET // SLOTS  # what one slot may hold
     out = []
     for code in range(6):
