@@ -127,7 +127,6 @@ class Channel:
         #: ``sum_at(address, nbytes, kind)``: the same, for an in-place sum of memory
         #: the caller keeps (kinds from :func:`kind`).
         self.sum_at = self.kernel.sum_at
-        self.Mismatch = _small.Mismatch
 
     def start(self, code: int, send: Any, recv: Any, redop: int = 0, root: int = 0
               ) -> Optional[Started]:
