@@ -11,7 +11,7 @@ import importlib
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import rendezvous
+from . import rendezvous, work as _work
 from .errors import DistBackendError, DistError, DistValueError
 from .types import NON_GROUP_MEMBER, Backend, timeout_seconds
 
@@ -168,15 +168,7 @@ class ProcessGroup:
             raise self.error("renew", f"the new communicator has rank {comm.Get_rank()} "
                                       f"of {comm.Get_size()}, not this group's rank "
                                       f"{self._rank} of {self._size}")
-        old, communicators = self.comm, list(self._communicators.values())
-        self.pending = []  # their buffers stay alive until MPI is done (work.abandon)
-        self._communicators.clear()
-        for communicator in communicators:
-            try:
-                communicator.shutdown()
-            except Exception:
-                pass
-        mpi_backend().free(old)
+        self._release(self.comm, abort=False)
         self.comm, self.seq, self.live = comm, 0, True
         self.cpu = self.communicator("cpu")
 
@@ -186,15 +178,25 @@ class ProcessGroup:
         if not self.live:
             return
         self.live = False
-        self.pending = []
-        for communicator in list(self._communicators.values()):
-            try:
-                communicator.abort() if abort else communicator.shutdown()
-            except Exception:
-                pass
-        self._communicators.clear()
-        mpi_backend().free(self.comm)
+        self._release(self.comm, abort)
         self.comm = None
+
+    def _release(self, comm: Any, abort: bool) -> None:
+        """Shut the backend communicators down and free ``comm``. The MPI communicators
+        outlive the group's unfinished operations (:func:`hpccomm.work.running`): their
+        buffers stay alive until MPI is done with them, and so do their communicators."""
+        _work.abandon_pending(self.pending)
+        self.pending = []
+        communicators = list(self._communicators.values())
+        self._communicators.clear()
+        mpi = mpi_backend()
+        with mpi.frees_after(_work.running(self)):
+            for communicator in communicators:
+                try:
+                    communicator.abort() if abort else communicator.shutdown()
+                except Exception:
+                    pass
+            mpi.free(comm)
 
 
 class Registry:

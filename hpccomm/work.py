@@ -114,25 +114,73 @@ def poll(test: Callable[[], bool], limit: Optional[float]) -> float:
 
 
 #: Operations given up before they completed (a timeout, a failure, a Work dropped while
-#: pending), as ``(test, keep)``: MPI may still read or write their buffers, so ``keep``
-#: stays alive until ``test`` says the operation is over (see :func:`abandon`).
-_abandoned: List[Tuple[Callable[[], bool], Any]] = []
+#: pending, a group destroyed under it), as ``(test, keep, group)``: MPI may still read or
+#: write their buffers and use their communicators, so ``keep`` stays alive until
+#: ``test`` says the operation is over (see :func:`abandon`), and the communicators of
+#: ``group`` are freed only then (:func:`running` and :func:`after`).
+_abandoned: List[Tuple[Callable[[], bool], Any, Any]] = []
+#: Actions waiting for operations to end, as ``(tests still running, action)``.
+_deferred: List[Tuple[List[Callable[[], bool]], Callable[[], None]]] = []
 #: Whether abandoned operations may be tested now; a backend whose tests become illegal
 #: (MPI after ``MPI_Finalize``) replaces it.
 can_test: Callable[[], bool] = lambda: True
 _REAP_AT = 64
 
 
-def abandon(test: Callable[[], bool], keep: Any) -> None:
-    """Keep ``keep`` alive until ``test()`` is true: an operation left unfinished must not
-    free buffers that MPI may still use. Finished ones are dropped when the list grows."""
+def abandon(test: Callable[[], bool], keep: Any, group: Any = None) -> None:
+    """Keep ``keep`` alive until ``test()`` is true: an operation of ``group`` left
+    unfinished must not free buffers that MPI may still use. Finished ones are dropped
+    when the list grows."""
     global _REAP_AT
-    if keep is None:
+    if test is _no_test:
         return
-    _abandoned.append((test, keep))
+    _abandoned.append((test, keep, group))
     if len(_abandoned) >= _REAP_AT and can_test():
-        _abandoned[:] = [(t, k) for t, k in _abandoned if not _over(t)]
+        _reap()
         _REAP_AT = max(64, 2 * len(_abandoned))
+
+
+def _reap() -> None:
+    _abandoned[:] = [entry for entry in _abandoned if not _over(entry[0])]
+
+
+def abandon_pending(works: Sequence["Work"]) -> None:
+    """Count those of ``works`` still pending as abandoned (:func:`abandon`), keeping
+    each Work and its buffers: their group is being destroyed, yet their requests stay
+    in MPI and their caller may still wait on them."""
+    for work in works:
+        if work._state == _PENDING:
+            abandon(work._test, work, work.group)
+
+
+def running(group: Any) -> List[Callable[[], bool]]:
+    """The tests of ``group``'s abandoned operations that are still running."""
+    if not _abandoned or not can_test():
+        return []
+    _reap()
+    return [test for test, _, owner in _abandoned if owner is group]
+
+
+def after(tests: Sequence[Callable[[], bool]], action: Callable[[], None]) -> None:
+    """Run ``action()`` once every one of ``tests`` is true (or raises): at once when
+    they are, else in a later call of this function that finds them so.
+
+    For freeing what running operations use. MPI may progress an abandoned request in
+    any later call, and freeing its communicator first is not safe everywhere: Open MPI
+    crashes in a later MPI call when a communicator is freed under a nonblocking
+    collective that is still running.
+    """
+    for entry in tuple(_deferred):  # earlier actions whose operations have ended since
+        waiting = entry[0]
+        waiting[:] = [test for test in waiting if can_test() and not _over(test)]
+        if not waiting:
+            _deferred.remove(entry)
+            entry[1]()
+    waiting = [test for test in tests if can_test() and not _over(test)]
+    if waiting:
+        _deferred.append((waiting, action))
+    else:
+        action()
 
 
 def _over(test: Callable[[], bool]) -> bool:
@@ -227,9 +275,9 @@ class Work:
             self._result = result
 
     def __del__(self) -> None:
-        if self._state == _PENDING and self._keep is not None:  # dropped unfinished
+        if self._state == _PENDING:  # dropped unfinished
             try:
-                abandon(self._test, self._keep)
+                abandon(self._test, self._keep, self.group)
             except Exception:  # interpreter shutdown: nothing left to protect
                 pass
 
@@ -308,7 +356,7 @@ class Work:
             exc = failure_error(self.describe(), self.group, exc)
         self._error = exc
         keep, self._keep = self._keep, None
-        abandon(self._test, keep)
+        abandon(self._test, keep, self.group)
         _observe.failed(self, exc)
         if self._future is not None:
             self._future._settle(None, exc)
@@ -352,7 +400,7 @@ class Work:
         the timeout) and raise it; the observers add what they know (the roll call)."""
         self._state = _FAILED
         keep, self._keep = self._keep, None
-        abandon(self._test, keep)
+        abandon(self._test, keep, self.group)
         notes = _observe.timed_out(self, waited)  # the roll call names absent ranks
         found = " ".join(notes) if notes else "Some rank of the group did not join it."
         error = DistTimeoutError(

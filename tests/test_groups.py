@@ -129,3 +129,37 @@ def test_destroy_one_group(dist, rank, size):
     x = np.ones(1)
     dist.all_reduce(x)
     assert x[0] == size
+
+
+@pytest.mark.mpi(min_size=2)
+def test_destroying_a_group_keeps_its_communicator_while_an_abandoned_operation_runs(
+        dist, rank, size, monkeypatch):
+    """The ranks but 0 give up an async all_reduce (a timeout), then destroy the group:
+    MPI may still progress that all_reduce, so its communicator is freed only once it
+    has ended (Open MPI crashed in a later MPI call otherwise). Rank 0 joins late."""
+    import time
+
+    from mpi4py import MPI
+
+    from hpccomm import work
+
+    monkeypatch.setenv("HPCCOMM_SHM_SMALL", "0")  # small messages through MPI
+    group = dist.new_group()
+    comm = group.comm
+    x = np.ones(8)
+    if rank != 0:
+        started = dist.all_reduce(x, group=group, async_op=True)
+        with pytest.raises(hpccomm.DistTimeoutError):
+            started.wait(timeout=0.05)
+        dist.destroy_process_group(group)
+        assert comm != MPI.COMM_NULL, "freed under its running all_reduce"
+    dist.barrier()
+    if rank == 0:
+        dist.all_reduce(x, group=group, async_op=True).wait()
+        dist.destroy_process_group(group)
+    deadline = time.monotonic() + 30
+    while comm != MPI.COMM_NULL and time.monotonic() < deadline:
+        work.after((), lambda: None)  # frees what waited for operations now ended
+    assert comm == MPI.COMM_NULL, "never freed after its operation ended"
+    np.testing.assert_array_equal(x, np.full(8, float(size)))  # kept alive, written
+    dist.barrier()

@@ -151,12 +151,10 @@ class Gate:
         return gated, gated.finish, args
 
     def free(self) -> None:
+        from .plumbing import free
+
         comm, self.comm = self.comm, None
-        if comm is not None and not MPI.Is_finalized():
-            try:
-                comm.Free()
-            except MPI.Exception:
-                pass
+        free(comm)
 
 
 class Gated(Deferred):

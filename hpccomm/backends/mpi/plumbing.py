@@ -7,7 +7,8 @@ layer imports it on first use (:func:`hpccomm.group.mpi_backend`).
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+import contextlib
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -102,13 +103,37 @@ def ranks_in(comm: Any, other: Any) -> List[int]:
         theirs.Free()
 
 
+#: Tests of the operations that communicators freed now must outlive (:func:`frees_after`).
+_outlive: Sequence[Any] = ()
+
+
 def free(comm: Any) -> None:
-    """Release a communicator; safe on ``None`` and after ``MPI_Finalize``."""
+    """Release a communicator; safe on ``None`` and after ``MPI_Finalize``. Inside
+    :func:`frees_after` it is released once those operations are over."""
     if comm is not None and not MPI.Is_finalized() and comm != MPI.COMM_NULL:
+        _work.after(_outlive, lambda: _free_now(comm))
+
+
+def _free_now(comm: Any) -> None:
+    if not MPI.Is_finalized():
         try:
             comm.Free()
         except MPI.Exception:
             pass
+
+
+@contextlib.contextmanager
+def frees_after(tests: Sequence[Any]) -> Iterator[None]:
+    """Within this block, :func:`free` keeps each communicator until every one of
+    ``tests`` (of operations abandoned on it, :func:`hpccomm.work.running`) is true:
+    MPI may still progress those operations, and Open MPI crashes in a later call when
+    a nonblocking collective's communicator was freed under it."""
+    global _outlive
+    _outlive = tests
+    try:
+        yield
+    finally:
+        _outlive = ()
 
 
 def is_mpi_error(exc: BaseException) -> bool:

@@ -46,7 +46,7 @@ from ... import work as _work
 from ...work import Started
 from ..mpi import communicator as _mpi_backend
 from ..mpi.communicator import MPICommunicator
-from ..mpi import ft as mpi_ft, placement
+from ..mpi import ft as mpi_ft, placement, plumbing as _mpi_plumbing
 from . import cma as shm_cma, hier as shm_hier, pair as shm_pair, segment as shm_segment
 from . import small as shm_small
 from .small import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, REDUCE_SCATTER
@@ -493,8 +493,8 @@ class SharedMemoryCommunicator(MPICommunicator):
             self.small.release()
             self.small_run = None
         self.user_segments, self.words, self.regions = [None], [], []
-        if not MPI.Is_finalized():
-            self.node.Free()
+        _mpi_plumbing.free(self.node)
+        MPICommunicator.shutdown(self)  # the gates' communicator
 
 
 _INT_MAX = 2 ** 31 - 1  # bytes: the direct form's callers stay below MPI's int counts
