@@ -23,7 +23,10 @@ from typing import Any, Deque, Dict, Optional
 
 from mpi4py import MPI
 
+from ...errors import DistBackendError
+
 _ANY_SOURCE = MPI.ANY_SOURCE
+_COMM_NULL = MPI.COMM_NULL
 
 
 class Receive:
@@ -71,6 +74,10 @@ class AnySourceQueue:
             waiting = self.pending.get(tag)
             status = self.status
             while waiting:
+                if self.comm == _COMM_NULL:  # freed (its group destroyed): no match ever
+                    raise DistBackendError(
+                        f"a receive from any source with tag {tag} was still unmatched "
+                        f"when its communicator was freed (its group was destroyed)")
                 message = self.comm.Improbe(_ANY_SOURCE, tag, status)
                 if message is None:
                     return
