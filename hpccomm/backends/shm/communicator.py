@@ -485,6 +485,12 @@ class SharedMemoryCommunicator(MPICommunicator):
         goes when the last rank drops its mapping, arrays from hpccomm.shm.empty included
         once the caller lets go of them."""
         self._idle()
+        if self.queue:  # their Works fail (and so count as over) instead of waiting forever
+            destroyed = DistBackendError("the group was destroyed while this shared-memory "
+                                         "operation was pending")
+            for pending in self.queue:
+                pending.error = destroyed
+            self.failed = destroyed
         self.queue.clear()
         for segment in self.user_segments[1:] + [self.ring]:
             if segment is not None:
