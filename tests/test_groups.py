@@ -196,11 +196,12 @@ def test_a_receive_left_unmatched_by_a_roll_call_ends_once_its_communicator_is_f
     if rank != 0:
         dist.all_reduce(x, group=group, async_op=True).wait()
     dist.destroy_process_group(group)
-    deadline = time.monotonic() + 30
-    while comm != MPI.COMM_NULL and time.monotonic() < deadline:
-        work.after((), lambda: None)  # frees what waited for operations now ended
-    assert comm == MPI.COMM_NULL
-    if rank == 0:
+    if rank == 0:  # (MPICH below MPI_THREAD_MULTIPLE may refuse the others' frees: the
+        # roll call's report to them stays unreceived)
+        deadline = time.monotonic() + 30
+        while comm != MPI.COMM_NULL and time.monotonic() < deadline:
+            work.after((), lambda: None)  # frees what waited for operations now ended
+        assert comm == MPI.COMM_NULL
         left = [entry[0] for entry in work._abandoned
                 if isinstance(entry[0], Receive) and id(entry[0]) not in before]
         assert left, "the roll call left no receive from any source"
