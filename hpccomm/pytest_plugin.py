@@ -31,8 +31,10 @@ writes them as JSON lines. See :mod:`hpccomm.testing.lockstep`.
 
 Marker ``@pytest.mark.parallel(nprocs=[1, 2, 4])``: the test runs at each size, as items
 ``test[n=k]``; from a serial ``pytest`` the plugin starts one job per size
-(:mod:`hpccomm.testing.parallel`). With lockstep or parallel items, a closing line counts
-each (test, world size) once and groups the skips by reason.
+(:mod:`hpccomm.testing.parallel`); a job still running ``--hpccomm-job-exit-grace``
+seconds (default 30) after its last test reported is killed, its outcomes kept, with a
+warning. With lockstep or parallel items, a closing line counts each (test, world size)
+once and groups the skips by reason.
 """
 from __future__ import annotations
 
@@ -67,6 +69,11 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--hpccomm-results", default=None, metavar="FILE",
                     help="with lockstep: rank 0 writes each test's agreed outcome to FILE "
                          "as JSON lines")
+    group.addoption("--hpccomm-job-exit-grace", type=float, default=None,
+                    metavar="SECONDS",
+                    help="from a serial pytest, parallel items: seconds a job may take to "
+                         "end after its last test reported before it is killed (default "
+                         "30)")
     parser.addini("hpccomm_rank0_output", "only MPI rank 0 writes to the terminal",
                   type="bool", default=False)
     parser.addini("hpccomm_timeout", "timeout in seconds of the session's default group",
@@ -103,9 +110,17 @@ def _redirect_other_ranks(config: Any) -> None:
     else:
         target = os.devnull
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # The launcher's pipes stay open until the process ends, as for any rank: Open MPI
+    # 5.0's prterun can hang for ever when a rank closes them early and then exits with
+    # a non-zero status.
+    _LAUNCHER_PIPES.extend((os.dup(1), os.dup(2)))
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+#: Duplicates of a redirected rank's original stdout and stderr, held until it exits.
+_LAUNCHER_PIPES: list = []
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -241,7 +256,9 @@ def pytest_collection_finish(session: Any) -> None:
         from .testing import parallel
 
         if any(parallel.size_of(item) is not None for item in session.items):
-            state.launcher = parallel.Launcher(config, _test_timeout(config), GRACE_S)
+            state.launcher = parallel.Launcher(
+                config, _test_timeout(config), GRACE_S,
+                config.getoption("--hpccomm-job-exit-grace") or parallel.EXIT_GRACE_S)
         return
     if not _lockstep_wanted(config):
         return

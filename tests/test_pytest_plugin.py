@@ -8,6 +8,7 @@ with lockstep, a failing or hanging rank named, the session going on after it.
 """
 import importlib.metadata
 import json
+import select
 import subprocess
 import sys
 import time
@@ -118,6 +119,46 @@ def test_plugin_loads_without_mpi_and_registers_its_options():
         assert option in helped.stdout
     for option in ("--hpccomm-lockstep", "--hpccomm-test-timeout", "--hpccomm-results"):
         assert option in helped.stdout
+
+
+WAITING_TEST = """\
+import os
+import time
+
+
+def test_waits_for_go():
+    open("started", "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists("go") and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
+
+
+def test_a_silenced_rank_keeps_the_launchers_pipe_open_until_it_exits(tmp_path):
+    """Rank 1 with rank-0 output: its stdout goes to the null device, but the pipe that
+    the launcher reads stays open until the process ends (Open MPI 5.0's prterun can
+    hang when a rank closes it early and then exits with a non-zero status)."""
+    (tmp_path / "test_user.py").write_text(WAITING_TEST)
+    env = without_launcher(("SLURM_", "PYTEST_"))
+    env.update(PYTHONPATH=str(ROOT), PMI_RANK="1", PMI_SIZE="2")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *_plugin_args(), "-q",
+         "--hpccomm-rank0-output", "test_user.py"], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists():
+            assert process.poll() is None and time.monotonic() < deadline, \
+                process.communicate()
+            time.sleep(0.01)
+        for pipe in (process.stdout, process.stderr):
+            readable, _, _ = select.select([pipe], [], [], 0)
+            assert not readable, f"{pipe.read()!r}: the pipe was closed (or written) early"
+        (tmp_path / "go").touch()
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0 and out == err == b"", (process.returncode, out, err)
 
 
 # -- lockstep: one verdict per test, ranks kept in step ----------------------------------
@@ -270,6 +311,58 @@ def test_parallel_marker_from_a_serial_pytest_runs_each_size(tmp_path):
     assert "failed on rank 3 of 4" in out
     assert ("each (test, world size) once: 6 passed, 1 failed, 1 skipped" in out
             and "skipped: 1 no GPU" in out), out
+
+
+#: A user's conftest.py whose ranks, in a job the serial pytest started, never exit
+#: after the session (as Open MPI 5.0's prterun sometimes never does): each rank writes
+#: its pid first.
+LINGERING_CONFTEST = """\
+import os
+import time
+
+
+def pytest_unconfigure(config):
+    if config.getoption("--hpccomm-results", None):
+        with open(f"pid-{os.getpid()}", "w"):
+            pass
+        time.sleep(600)
+"""
+
+
+def test_a_job_that_outlives_its_reports_is_killed_and_its_outcomes_stand(tmp_path):
+    (tmp_path / "conftest.py").write_text(LINGERING_CONFTEST)
+    tests = SIZES_TESTS.replace("nprocs=[1, 2, 4]", "nprocs=[2]")
+    result = _pytest(tmp_path, tests, ["-v", "-k", "test_sum or test_serial",
+                                       "--hpccomm-job-exit-grace=3"], ranks=None)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "test_user.py::test_sum[n=2] PASSED" in out, out
+    assert "test_user.py::test_serial PASSED" in out, out
+    assert ("the job of 2 ranks (" in out and "had not ended 3 s after its last test "
+            "reported and was killed; the outcomes it reported stand" in out), out
+    pids = [int(path.name.split("-")[1]) for path in tmp_path.glob("pid-*")]
+    assert len(pids) == 2, sorted(tmp_path.iterdir())
+    alive = _alive_after(pids, seconds=10)
+    assert not alive, f"the job's ranks {alive} outlived it"
+
+
+def _alive_after(pids, seconds):
+    """The processes among ``pids`` still there after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [pid for pid in pids if _running(pid)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _running(pid):
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def test_parallel_marker_under_mpiexec_runs_the_job_size(tmp_path):

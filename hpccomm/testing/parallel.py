@@ -10,16 +10,21 @@ The marker is firedrake's (mpi-pytest): ``nprocs`` is a size or a list of sizes
   a Slurm allocation), with ``--hpccomm-lockstep`` so that the ranks agree on each
   outcome; rank 0 writes the outcomes (``--hpccomm-results``) and this process
   reports them as its own items, exit status included. The job's time limit is the
-  sum of its tests' timeouts and a margin.
+  sum of its tests' timeouts and a margin. Once every test has reported, the job has
+  ``--hpccomm-job-exit-grace`` seconds (:data:`EXIT_GRACE_S`) to end: a launcher that
+  outlives it (Open MPI 5.0's ``prterun`` can hang after its ranks have exited) is
+  killed with its ranks, the outcomes stand, and a warning says so.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
@@ -29,6 +34,10 @@ PARAM = "_hpccomm_nprocs"
 DEFAULT_NPROCS = (3,)
 #: Seconds a job may take beyond its tests' timeouts (start-up, collection, exit).
 JOB_MARGIN_S = 120.0
+#: Seconds a job may take to end once all its tests have reported.
+EXIT_GRACE_S = 30.0
+#: Seconds between two looks at a running job.
+POLL_S = 0.25
 #: Characters of a job's output shown when it ended before reporting a test.
 OUTPUT_TAIL = 6000
 
@@ -76,9 +85,10 @@ def skip_other_sizes(items: Sequence[Any], world_size: int) -> None:
 class Launcher:
     """Runs a serial session's parallel items, one job per size, on first demand."""
 
-    def __init__(self, config: Any, test_timeout: float, grace: float):
+    def __init__(self, config: Any, test_timeout: float, grace: float,
+                 exit_grace: float = EXIT_GRACE_S):
         self.config = config
-        self.test_timeout, self.grace = test_timeout, grace
+        self.test_timeout, self.grace, self.exit_grace = test_timeout, grace, exit_grace
         self.results: Dict[str, dict] = {}
         self.ran: Dict[int, str] = {}  # size -> what to say of an item without result
         self.workdir = tempfile.mkdtemp(prefix="hpccomm-parallel-")
@@ -88,7 +98,7 @@ class Launcher:
         size = size_of(item)
         if size not in self.ran:
             same = [i for i in item.session.items if size_of(i) == size]
-            self.ran[size] = self._run(size, same)
+            self.ran[size] = self._run(size, same, item)
         found = self.results.get(item.nodeid)
         if found is None:
             found = {"outcome": "failed", "when": "call", "text": self.ran[size],
@@ -114,9 +124,10 @@ class Launcher:
             args.append("--with-mpi")
         return launch.build_command([*args, *nodeids], nprocs=size)
 
-    def _run(self, size: int, items: List[Any]) -> str:
+    def _run(self, size: int, items: List[Any], current: Any) -> str:
         """Run ``items`` in a job of ``size`` ranks; their outcomes go to
-        :attr:`results`. Returns what to say of an item the job did not report."""
+        :attr:`results`. Returns what to say of an item the job did not report; a job
+        that hung after reporting them all is a warning on ``current``."""
         from ..launch import LaunchError
 
         results = os.path.join(self.workdir, f"n{size}.jsonl")
@@ -128,19 +139,15 @@ class Launcher:
             return f"cannot start a job of {size} ranks: {exc}"
         env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
         with open(output, "wb") as out:
-            try:
-                code = subprocess.run(command, cwd=str(self.config.rootpath), env=env,
-                                      stdout=out, stderr=subprocess.STDOUT,
-                                      timeout=limit).returncode
-                ended = f"ended with exit status {code}"
-            except subprocess.TimeoutExpired:
-                ended = f"was killed after {limit:.0f} s (its tests' timeouts and a margin)"
-        if os.path.exists(results):
-            with open(results) as handle:
-                for line in handle:
-                    if line.strip():
-                        record = json.loads(line)
-                        self.results[record["nodeid"]] = record
+            ended, lingered = _wait_job(subprocess.Popen(
+                command, cwd=str(self.config.rootpath), env=env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True), results, len(items),
+                limit, self.exit_grace)
+        if lingered:
+            current.warn(pytest.PytestWarning(f"the job of {size} ranks ({command[0]}) "
+                                              f"{ended}; the outcomes it reported stand"))
+        for record in _records(results):
+            self.results[record["nodeid"]] = record
         with open(output, errors="replace") as handle:
             tail = handle.read()[-OUTPUT_TAIL:]
         return (f"the job of {size} ranks ({' '.join(command[:3])} ...) {ended} before "
@@ -148,6 +155,68 @@ class Launcher:
 
     def close(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _records(results: str) -> List[dict]:
+    """The complete lines of a job's results file (rank 0 appends one per test)."""
+    try:
+        with open(results) as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def _wait_job(process: "subprocess.Popen[bytes]", results: str, count: int,
+              limit: float, exit_grace: float) -> Tuple[str, bool]:
+    """Wait for a job (its own session) to end; kill it with its ranks after ``limit``
+    seconds, or ``exit_grace`` seconds after its ``count`` tests have all reported.
+    Returns how the job ended and whether it was killed after reporting them all."""
+    deadline = time.monotonic() + limit
+    reported = False
+    try:
+        while True:
+            try:
+                return f"ended with exit status {process.wait(timeout=POLL_S)}", False
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if not reported and len(_records(results)) >= count:
+                reported, deadline = True, min(deadline, now + exit_grace)
+            if now >= deadline:
+                break
+    finally:  # a deadline, or this session interrupted: the job goes with it
+        if process.returncode is None:
+            _kill_session(process.pid)
+            process.wait()
+    if reported:
+        return (f"had not ended {exit_grace:g} s after its last test reported and was "
+                f"killed"), True
+    return f"was killed after {limit:.0f} s (its tests' timeouts and a margin)", False
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid``: a launcher started with
+    ``start_new_session`` and its ranks, which may sit in process groups of their own
+    (Open MPI's do)."""
+    pids = [sid]
+    try:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != sid:
+                try:
+                    with open(f"/proc/{entry}/stat") as handle:
+                        fields = handle.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue  # gone meanwhile
+                if int(fields[3]) == sid:  # pid (comm) state ppid pgrp session
+                    pids.append(int(entry))
+    except OSError:  # no /proc: the launcher's own group
+        pids = [-sid]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _reports(item: Any, record: dict) -> List[Any]:
