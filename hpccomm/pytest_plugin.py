@@ -256,9 +256,10 @@ def pytest_collection_finish(session: Any) -> None:
         from .testing import parallel
 
         if any(parallel.size_of(item) is not None for item in session.items):
+            exit_grace = config.getoption("--hpccomm-job-exit-grace")
             state.launcher = parallel.Launcher(
                 config, _test_timeout(config), GRACE_S,
-                config.getoption("--hpccomm-job-exit-grace") or parallel.EXIT_GRACE_S)
+                parallel.EXIT_GRACE_S if exit_grace is None else exit_grace)
         return
     if not _lockstep_wanted(config):
         return

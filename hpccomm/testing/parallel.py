@@ -85,8 +85,7 @@ def skip_other_sizes(items: Sequence[Any], world_size: int) -> None:
 class Launcher:
     """Runs a serial session's parallel items, one job per size, on first demand."""
 
-    def __init__(self, config: Any, test_timeout: float, grace: float,
-                 exit_grace: float = EXIT_GRACE_S):
+    def __init__(self, config: Any, test_timeout: float, grace: float, exit_grace: float):
         self.config = config
         self.test_timeout, self.grace, self.exit_grace = test_timeout, grace, exit_grace
         self.results: Dict[str, dict] = {}
@@ -185,7 +184,7 @@ def _wait_job(process: "subprocess.Popen[bytes]", results: str, count: int,
                 reported, deadline = True, min(deadline, now + exit_grace)
             if now >= deadline:
                 break
-    finally:  # a deadline, or this session interrupted: the job goes with it
+    finally:  # a deadline passed, or pytest was interrupted: the job goes with it
         if process.returncode is None:
             _kill_session(process.pid)
             process.wait()
