@@ -236,8 +236,47 @@ def format_report(report: Dict[str, Section]) -> str:
     return "\n".join(lines)
 
 
+def differences(base: Dict[str, Section], other: Dict[str, Section]) -> Dict[str, Section]:
+    """The sections and keys of ``other`` whose values differ from ``base``'s."""
+    changed: Dict[str, Section] = {}
+    for name, section in other.items():
+        theirs = base.get(name, {})
+        keys = {key: value for key, value in section.items() if theirs.get(key) != value}
+        keys.update({key: "(not reported)" for key in theirs if key not in section})
+        if keys:
+            changed[name] = keys
+    return changed
+
+
+def _job_reports(report: Dict[str, Section]) -> List[Dict[str, Section]]:
+    """Every rank's report on rank 0, in rank order; ``[]`` on the other ranks. Under a
+    launcher each rank's output reaches the terminal in chunks the launcher interleaves,
+    so only rank 0 prints. A process without MPI (``--no-mpi``) reports alone."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return [report]
+    world = MPI.COMM_WORLD
+    plain = json.loads(json.dumps(report, default=str))  # what every rank can send
+    return world.gather(plain, root=0) or []
+
+
 def main(as_json: bool = False, mpi: bool = True) -> int:
-    """Print the report (text or JSON) to stdout."""
-    report = collect(mpi=mpi)
-    print(json.dumps(report, indent=2, default=str) if as_json else format_report(report))
+    """Print the report (text or JSON) to stdout. Under a launcher, rank 0 prints the
+    job's: as JSON one document per rank in rank order; as text its own report in full,
+    then what differs on each other rank."""
+    reports = _job_reports(collect(mpi=mpi))
+    if as_json:
+        for report in reports:
+            print(json.dumps(report, indent=2, default=str))
+        return 0
+    for rank, report in enumerate(reports):
+        if rank == 0:
+            print(format_report(report))
+            continue
+        changed = differences(reports[0], report)
+        print(f"rank {rank}, where it differs from rank 0:" if changed
+              else f"rank {rank}: the same as rank 0")
+        if changed:
+            print("\n".join(f"  {line}" for line in format_report(changed).splitlines()))
+    sys.stdout.flush()
     return 0

@@ -421,17 +421,47 @@ def test_info_reports_the_placement_of_simulated_nodes():
     done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "hpccomm", "info",
                            "--json"], capture_output=True, text=True, timeout=90, env=env)
     assert done.returncode == 0, done.stderr
-    decoder, text, reports = json.JSONDecoder(), done.stdout, []
-    while text.strip():  # one JSON report per rank, one after the other
+    decoder, text, reports, worlds = json.JSONDecoder(), done.stdout, [], []
+    while text.strip():  # one JSON report per rank, in rank order
         report, end = decoder.raw_decode(text.lstrip())
         reports.append(report["placement"])
+        worlds.append(report["MPI"]["world"])
         text = text.lstrip()[end:]
+    assert worlds == ["rank 0 of 2", "rank 1 of 2"]
     assert len(reports) == 2
     for placement in reports:
         assert placement["nodes"] == 2 and placement["ranks on this node"] == 1, placement
         assert placement["simulated nodes"] == 2
         assert placement["shared memory"].startswith("off for the default group: its ranks "
                                                      "span 2 nodes"), placement
+
+
+def test_info_under_a_launcher_prints_the_job_from_rank_0():
+    """Rank 0 prints its report in full and each other rank's differences, so the
+    launcher has no two ranks' output to interleave."""
+    done = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "hpccomm", "info"],
+                          capture_output=True, text=True, timeout=90, env=_env())
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines.count("hpccomm:") == 1 and lines[0] == "hpccomm:", done.stdout
+    assert "  world: rank 0 of 3" in lines, done.stdout
+    for rank in (1, 2):
+        start = lines.index(f"rank {rank}, where it differs from rank 0:")
+        block = lines[start + 1:]
+        block = block[:next((i for i, line in enumerate(block) if not line.startswith("  ")),
+                            len(block))]
+        assert "  MPI:" in block and f"    world: rank {rank} of 3" in block, block
+        assert "  hpccomm:" not in block and "  settings:" not in block, block
+
+
+def test_info_differences_name_changed_and_missing_keys():
+    from hpccomm import info
+
+    base = {"MPI": {"world": "rank 0 of 2", "vendor": "X"}, "h5py": {"h5py": "3"}}
+    other = {"MPI": {"world": "rank 1 of 2", "vendor": "X"}, "h5py": {}}
+    assert info.differences(base, other) == {"MPI": {"world": "rank 1 of 2"},
+                                             "h5py": {"h5py": "(not reported)"}}
+    assert info.differences(base, base) == {}
 
 
 def test_info_without_mpi_does_not_initialize_it():
