@@ -323,8 +323,8 @@ import time
 
 def pytest_unconfigure(config):
     if config.getoption("--hpccomm-results", None):
-        with open(f"pid-{os.getpid()}", "w"):
-            pass
+        with open(f"pid-{os.getpid()}", "w") as record:
+            record.write(os.environ["TMPDIR"])
         time.sleep(600)
 """
 
@@ -344,6 +344,12 @@ def test_a_job_that_outlives_its_reports_is_killed_and_its_outcomes_stand(tmp_pa
     assert len(pids) == 2, sorted(tmp_path.iterdir())
     alive = _alive_after(pids, seconds=10)
     assert not alive, f"the job's ranks {alive} outlived it"
+    # the killed launcher's session files went with the job's own temporary directory
+    seen = {path.read_text() for path in tmp_path.glob("pid-*")}
+    assert len(seen) == 1, seen
+    job_tmp = Path(seen.pop())
+    assert job_tmp.parent.name.startswith("hpccomm-parallel-"), job_tmp
+    assert not job_tmp.exists(), f"the job's temporary directory {job_tmp} outlived pytest"
 
 
 def _alive_after(pids, seconds):

@@ -13,7 +13,8 @@ The marker is firedrake's (mpi-pytest): ``nprocs`` is a size or a list of sizes
   sum of its tests' timeouts and a margin. Once every test has reported, the job has
   ``--hpccomm-job-exit-grace`` seconds (:data:`EXIT_GRACE_S`) to end: a launcher that
   outlives it (Open MPI 5.0's ``prterun`` can hang after its ranks have exited) is
-  killed with its ranks, the outcomes stand, and a warning says so.
+  killed with its ranks, the outcomes stand, and a warning says so. Each job has a
+  ``TMPDIR`` of its own, removed at the end of the session.
 """
 from __future__ import annotations
 
@@ -137,6 +138,12 @@ class Launcher:
         except LaunchError as exc:
             return f"cannot start a job of {size} ranks: {exc}"
         env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        # A temporary directory of the job's own, removed with the session's: a launcher
+        # killed here leaves its session files behind (Open MPI: ompi.<pid>, with a
+        # socket named by its pid), and a later launcher given the same pid would fail
+        # to start where it finds them.
+        env["TMPDIR"] = os.path.join(self.workdir, f"t{size}")
+        os.makedirs(env["TMPDIR"], exist_ok=True)
         with open(output, "wb") as out:
             ended, lingered = _wait_job(subprocess.Popen(
                 command, cwd=str(self.config.rootpath), env=env, stdout=out,
