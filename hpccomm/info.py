@@ -278,5 +278,4 @@ def main(as_json: bool = False, mpi: bool = True) -> int:
               else f"rank {rank}: the same as rank 0")
         if changed:
             print("\n".join(f"  {line}" for line in format_report(changed).splitlines()))
-    sys.stdout.flush()
     return 0
