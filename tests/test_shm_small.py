@@ -245,7 +245,27 @@ def test_arguments_are_checked_as_on_the_general_path(dist, small_group, rank, s
         frozen = np.ones(2)
         frozen.flags.writeable = False
         dist.all_reduce(frozen, group=small_group)
+    # elements not divisible by the group, though their bytes are (8 x (2 size + 1))
+    count = 2 * size + 1 if size % 2 == 0 else 2 * size + 2
+    with pytest.raises(dist.DistValueError, match="divisible by the group size"):
+        dist.all_to_all_single(np.zeros(count), np.ones(count), group=small_group)
+    with pytest.raises(dist.DistValueError, match="read-only"):  # the root's own buffer
+        frozen = np.ones(2)
+        frozen.flags.writeable = False
+        dist.broadcast(frozen, group_src=0, group=small_group)
+    with pytest.raises(dist.DistValueError, match="ReduceOp"):  # a bool is an int to C
+        dist.all_reduce(np.ones(2), op=False, group=small_group)
     assert taken(small_group) == before
     x = np.ones(2)
     dist.all_reduce(x, group=small_group)  # the channel is still in step on every rank
     assert (x == size).all() and taken(small_group) == before + 1
+
+
+def test_a_checked_broadcast_takes_the_channel_from_a_read_only_root(dist, small_group,
+                                                                     rank, size):
+    """Once the general path has checked a call, whether the channel takes it depends
+    only on what every rank shares: broadcast_object_list's root hands over read-only
+    bytes, and the other ranks' writable buffers must meet them on the channel."""
+    box = [{"from": 0, "data": list(range(50))}] if rank == 0 else [None]
+    dist.broadcast_object_list(box, group_src=0, group=small_group)
+    assert box[0] == {"from": 0, "data": list(range(50))}

@@ -64,7 +64,7 @@ static PyObject *mpi_error(int code)
     return NULL;
 }
 
-static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *bind(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError,
@@ -107,7 +107,8 @@ static PyObject *request_object(const unsigned char *request)
  * `slice` seconds. The spin yields the core every `yield_every` tests (0: never).
  * An MPI error raises RuntimeError(its error code) (nothing is pending then: a failed start
  * creates no request, a failed test ends it). */
-static PyObject *sum_in_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *sum_in_place(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                Py_ssize_t nargs)
 {
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
@@ -157,7 +158,8 @@ static PyObject *sum_in_place(PyObject *self, PyObject *const *args, Py_ssize_t 
  * (0: never). One release of the GIL per wait, where a Python loop of Request.Test
  * releases it per test: a thread waiting for the GIL then gets it at once, instead of
  * being signalled at every test until the interpreter forces a switch (5 ms). */
-static PyObject *spin_test(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *spin_test(PyObject *Py_UNUSED(self), PyObject *const *args,
+                             Py_ssize_t nargs)
 {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "spin_test(address, slice, yield_every)");
@@ -197,9 +199,11 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_direct",
-    "A synchronous in-place all-reduce started and spun in C (see mpi_direct.py).", -1,
-    methods,
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_direct",
+    .m_doc = "A synchronous in-place all-reduce started and spun in C (see mpi_direct.py).",
+    .m_size = -1,
+    .m_methods = methods,
 };
 
 PyMODINIT_FUNC PyInit__direct(void) { return PyModule_Create(&module); }

@@ -335,8 +335,10 @@ static PyTypeObject PairType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_pair",
-    "The two-rank shared-memory all-reduce in C (see pair.py).", -1, NULL,
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_pair",
+    .m_doc = "The two-rank shared-memory all-reduce in C (see pair.py).",
+    .m_size = -1,
 };
 
 /* The module, with the constants the Python side reads rather than repeats. */

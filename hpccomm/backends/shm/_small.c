@@ -272,9 +272,16 @@ static void release(op_t *op)
 static PyTypeObject *array_type;
 
 /* Fill op from (operation, send, recv, redop, root). Returns 1 when the small path
- * takes it, 0 when it does not (no Python error set), -1 on an error. */
+ * takes it, 0 when it does not (no Python error set), -1 on an error.
+ *
+ * `raw`: the caller's own arguments (run, before any check), which the channel takes
+ * only where the general path would take them too: what it declines meets the general
+ * path's checks and errors. Otherwise (start) they passed those checks already, and
+ * whether the channel takes them depends only on what every rank of a correct call
+ * shares (operation, sizes, element kind, reduction), never on this rank's buffers:
+ * a broadcast's root may hand over a read-only buffer (an object's bytes). */
 static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *recv,
-                    PyObject *redop, int root)
+                    PyObject *redop, int root, int raw)
 {
     int me = self->rank, n = self->size;
     Py_ssize_t post_bytes = 0, nbytes = 0;
@@ -286,7 +293,8 @@ static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *r
     op->redop = 0;
     if (code == OP_ALL_REDUCE || code == OP_REDUCE_SCATTER) {
         long value;
-        if (!PyLong_Check(redop))
+        /* an int or a RedOpType; never a bool, which the general path refuses */
+        if (!PyLong_Check(redop) || PyBool_Check(redop))
             return 0;
         value = PyLong_AsLong(redop);
         if (value < 0 || value >= N_REDOPS) {
@@ -300,8 +308,9 @@ static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *r
         (recv != Py_None && Py_TYPE(recv) != array_type))
         return 0;
     if (recv != Py_None) {
-        /* a broadcast's root only reads its buffer, which may be read-only */
-        int flags = (code == OP_BROADCAST && root == me ? 0 : PyBUF_WRITABLE) |
+        /* writable, as the general path requires of every output, a broadcast's root
+         * included; once checked, the root only reads its buffer */
+        int flags = (!raw && code == OP_BROADCAST && root == me ? 0 : PyBUF_WRITABLE) |
                     PyBUF_FORMAT | PyBUF_C_CONTIGUOUS;
         if (PyObject_GetBuffer(recv, &op->recv, flags) < 0) {
             PyErr_Clear();
@@ -326,7 +335,7 @@ static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *r
     if (op->has_recv && kind_of(op->recv.format, op->recv.itemsize) < 0)
         goto not_here;
     /* one dtype for both buffers, as the general path requires (else it says why) */
-    if (op->has_send && op->has_recv && send != recv &&
+    if (raw && op->has_send && op->has_recv && send != recv &&
         (op->send.itemsize != op->recv.itemsize ||
          strcmp(op->send.format ? op->send.format : "B",
                 op->recv.format ? op->recv.format : "B") != 0))
@@ -359,9 +368,9 @@ static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *r
         nbytes = op->recv.len;
         post_bytes = op->send.len;
         break;
-    case OP_ALL_TO_ALL:
+    case OP_ALL_TO_ALL: /* whole elements per rank: the general path refuses the rest */
         if (!op->has_send || !op->has_recv || op->send.len != op->recv.len ||
-            op->send.len % n)
+            op->send.itemsize <= 0 || (op->send.len / op->send.itemsize) % n)
             goto not_here;
         nbytes = op->send.len / n;
         post_bytes = op->send.len;
@@ -490,7 +499,7 @@ static PyObject *Small_start(Small *self, PyObject *args)
             return PyLong_FromLong(-1); /* full: the caller waits for the oldest */
     }
     op = &self->queue[(self->head + self->count) % QUEUE];
-    switch (describe(self, op, code, send, recv, redop, root)) {
+    switch (describe(self, op, code, send, recv, redop, root, 0)) {
     case -1: return NULL;
     case 0: return PyLong_FromLong(0);
     }
@@ -586,7 +595,7 @@ static PyObject *Small_run(Small *self, PyObject *const *args, Py_ssize_t nargs)
     if (self->count || self->busy)
         return PyLong_FromLong(-1);
     op = &self->queue[self->head];
-    state = describe(self, op, code, send, recv, redop, root);
+    state = describe(self, op, code, send, recv, redop, root, 1);
     if (state <= 0)
         return state < 0 ? NULL : PyLong_FromLong(-1);
     return spin_head(self, op);
@@ -616,7 +625,7 @@ static PyObject *Small_sum_at(Small *self, PyObject *args)
 }
 
 /* pending() -> operations started and not finished, after one pass of steps */
-static PyObject *Small_pending(Small *self, PyObject *unused)
+static PyObject *Small_pending(Small *self, PyObject *Py_UNUSED(unused))
 {
     if (gone(self))
         return NULL;
@@ -625,7 +634,7 @@ static PyObject *Small_pending(Small *self, PyObject *unused)
     return PyLong_FromLong(self->count);
 }
 
-static PyObject *Small_started(Small *self, void *unused)
+static PyObject *Small_started(Small *self, void *Py_UNUSED(unused))
 {
     return PyLong_FromUnsignedLongLong(self->next - 1);
 }
@@ -636,7 +645,7 @@ static PyGetSetDef Small_getset[] = {
 };
 
 /* kind(array) -> the element kind the channel reduces it as, or -1 */
-static PyObject *module_kind(PyObject *module, PyObject *arg)
+static PyObject *module_kind(PyObject *Py_UNUSED(module), PyObject *arg)
 {
     Py_buffer view;
     int kind;
@@ -651,7 +660,7 @@ static PyObject *module_kind(PyObject *module, PyObject *arg)
 
 /* close(): from now on every call raises (the caller unmaps the segment next). Refused
  * while another thread spins on it. */
-static PyObject *Small_close(Small *self, PyObject *unused)
+static PyObject *Small_close(Small *self, PyObject *Py_UNUSED(unused))
 {
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "another thread waits on this channel");
@@ -662,7 +671,7 @@ static PyObject *Small_close(Small *self, PyObject *unused)
 }
 
 /* accept(type): the array type the channel takes (numpy.ndarray) */
-static PyObject *module_accept(PyObject *module, PyObject *arg)
+static PyObject *module_accept(PyObject *Py_UNUSED(module), PyObject *arg)
 {
     if (!PyType_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "accept(type)");
@@ -710,8 +719,11 @@ static PyTypeObject SmallType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_small",
-    "Small collectives through shared memory (see small.py).", -1, module_methods,
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_small",
+    .m_doc = "Small collectives through shared memory (see small.py).",
+    .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__small(void)
