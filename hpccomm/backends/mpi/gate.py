@@ -14,8 +14,12 @@ instead:
    library's own blocking call (``MPI_Allreduce``...) runs: it cannot wait for an
    absent rank. Different signatures raise an error naming both calls at once.
 
-Calls with ``async_op=True`` always use the nonblocking form (their order against
-other operations is the caller's). The thresholds below come from
+A rank that calls with ``async_op=True`` (or whose call becomes a Work) cannot promise to
+wait at once, and ``async_op`` is each rank's own choice, as in torch: so it posts its
+signature too, marked "not waiting", and starts the nonblocking call at once. Every rank
+learns from the signatures whether all of them wait at once; if any does not, the
+waiting ones start the nonblocking call as well, so the ranks never split between a
+blocking call and its nonblocking twin, which MPI does not match. The thresholds below come from
 ``benchmarks/studies/mpi_patterns.py`` (docs/cluster.md lists the numbers); they are looked up
 once, from the library found by ``MPI.get_vendor()``.
 ``HPCCOMM_MPI_GATED`` overrides the table: ``off`` (never gate), ``all=256K`` (every
@@ -24,7 +28,7 @@ gateable operation from 256 KiB), or ``all_reduce=64K,all_gather=1M``.
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from mpi4py import MPI
 
@@ -108,7 +112,8 @@ _CODES = {name: code for code, name in enumerate(CALLS.values(), start=1)}
 _NAMES = {code: name for name, code in _CODES.items()}
 #: Nonblocking call name -> its blocking twin (``Iallreduce`` -> ``Allreduce``).
 _BLOCKING = {name: name[1].upper() + name[2:] for name in CALLS.values()}
-_SIGNATURE = struct.Struct("<qqq")  # call code, bytes, root (-1: none)
+_SIGNATURE = struct.Struct("<qqqq")  # call code, bytes, root (-1: none), waits at once
+_WAITS_AT = 24  # offset of the last field, which may differ between ranks
 _ROOTED = {"Ibcast", "Ireduce"}  # calls whose last argument is the root
 
 
@@ -144,9 +149,10 @@ class Gate:
         if found is None:
             if len(self._signatures) >= self.CACHE:
                 self._signatures.clear()
-            signature = _SIGNATURE.pack(_CODES[name], nbytes, key[2])
+            waiting = _SIGNATURE.pack(_CODES[name], nbytes, key[2], 1)
+            later = _SIGNATURE.pack(_CODES[name], nbytes, key[2], 0)
             blocking = getattr(call.__self__, _BLOCKING[name])
-            found = self._signatures[key] = (signature, signature * self.size, blocking)
+            found = self._signatures[key] = (waiting, later, self.size, blocking)
         gated = Gated(self.comm, call, args, finish, *found)
         return gated, gated.finish, args
 
@@ -158,58 +164,84 @@ class Gate:
 
 
 class Gated(Deferred):
-    """One collective started as a gate, then the blocking call (see the module doc).
+    """One collective started as a gate, then the blocking call if every rank waits at
+    once, else the nonblocking call (see the module doc).
 
-    As a ``test`` it posts the signature all-gather on its first call and is true once
-    every rank's signature is in (raising if they differ); :meth:`finish` then makes the
-    blocking call and runs ``after``. :meth:`start_async` starts the nonblocking call
-    instead (``async_op``), and the gate is never posted.
+    As a ``test`` (a caller that waits at once) it posts the signature all-gather on its
+    first call; once every rank's signature is in (raising if the calls differ), it is
+    true if they all wait at once, and :meth:`finish` makes the blocking call and runs
+    ``after``; otherwise it starts the nonblocking call and is true once that is done.
+    :meth:`start_async` (``async_op``, or a Work made of it) posts the signature marked
+    "not waiting" and starts the nonblocking call at once; the test is then true once
+    both are done. Every buffer, the signatures' included, lives on this object until
+    then.
     """
 
-    __slots__ = ("gate", "call", "args", "after", "signature", "expected", "blocking",
-                 "seen", "test_now")
+    __slots__ = ("gate", "call", "args", "after", "waiting", "later", "size", "blocking",
+                 "seen", "signature_done", "call_test", "block")
 
     def __init__(self, gate: Any, call: Callable[..., Any], args: Tuple[Any, ...],
-                 after: Optional[Callable[[], Any]], signature: bytes, expected: bytes,
-                 blocking: Callable[..., Any]):
+                 after: Optional[Callable[[], Any]], waiting: bytes, later: bytes,
+                 size: int, blocking: Callable[..., Any]):
         self.gate, self.call, self.args, self.after = gate, call, args, after
-        self.signature, self.expected, self.blocking = signature, expected, blocking
+        self.waiting, self.later, self.size, self.blocking = waiting, later, size, blocking
         self.seen: Optional[bytearray] = None
-        self.test_now: Optional[Callable[[], bool]] = None
+        #: the signature all-gather's Test, until it is done (then None)
+        self.signature_done: Optional[Callable[[], bool]] = None
+        #: the nonblocking call's Test, once started
+        self.call_test: Optional[Callable[[], bool]] = None
+        self.block = False  # every rank waits at once: finish() makes the blocking call
+
+    def _post(self, signature: bytes) -> None:
+        self.seen = bytearray(len(signature) * self.size)
+        self.signature_done = self.gate.Iallgather(signature, self.seen).Test
 
     def __call__(self) -> bool:
-        test = self.test_now
-        if test is None:
-            self.seen = bytearray(len(self.expected))
-            test = self.test_now = self.gate.Iallgather(self.signature, self.seen).Test
-        if not test():
-            return False
-        if self.seen is not None and self.seen != self.expected:
-            raise DistBackendError(self._mismatch())
-        return True
+        if self.seen is None:  # first poll: a caller that waits at once
+            self._post(self.waiting)
+        if self.signature_done is not None:
+            if not self.signature_done():
+                return False
+            self.signature_done = None
+            everyone_waits = self._check()
+            if self.call_test is None:
+                if everyone_waits:
+                    self.block = True
+                    return True
+                self.call_test = self.call(*self.args).Test
+        return self.block or self.call_test()
 
     def start_async(self) -> None:
-        if self.test_now is None:
-            self.test_now = self.call(*self.args).Test
+        if self.seen is None:
+            self._post(self.later)
+            self.call_test = self.call(*self.args).Test
 
     def finish(self) -> Any:
-        if self.seen is not None:  # every rank is inside this very call
+        if self.block:  # every rank is inside this very call, waiting
             self.blocking(*self.args)
         return None if self.after is None else self.after()
 
-    def _mismatch(self) -> str:
-        """Which rank is in which collective, for the error."""
+    def _check(self) -> bool:
+        """Whether every rank waits at once, after checking they all make this call."""
         assert self.seen is not None
         width = _SIGNATURE.size
         theirs = [bytes(self.seen[i:i + width]) for i in range(0, len(self.seen), width)]
+        call = self.waiting[:_WAITS_AT]
+        if any(sig[:_WAITS_AT] != call for sig in theirs):
+            raise DistBackendError(self._mismatch(theirs))
+        return all(sig == self.waiting for sig in theirs)
+
+    def _mismatch(self, theirs: List[bytes]) -> str:
+        """Which rank is in which collective, for the error."""
+        call = self.waiting[:_WAITS_AT]
         others = [f"rank {rank}: {_describe(sig)}" for rank, sig in enumerate(theirs)
-                  if sig != self.signature]
+                  if sig[:_WAITS_AT] != call]
         return (f"the ranks of the group are in different collectives (this rank: "
-                f"{_describe(self.signature)}; {'; '.join(others)}); the group is now "
+                f"{_describe(self.waiting)}; {'; '.join(others)}); the group is now "
                 f"unusable")
 
 
 def _describe(signature: bytes) -> str:
-    code, nbytes, root = _SIGNATURE.unpack(signature)
+    code, nbytes, root, _ = _SIGNATURE.unpack(signature)
     name = _BLOCKING.get(_NAMES.get(code, ""), f"call {code}")
     return f"MPI_{name} of {nbytes} bytes" + (f", root {root}" if root >= 0 else "")
