@@ -211,6 +211,8 @@ class SharedMemoryCommunicator(MPICommunicator):
         #: Held while the kernel runs an operation of this communicator (GIL released):
         #: threads waiting on one Work must not run its steps twice.
         self.kernel_lock = threading.Lock()
+        #: Held while a thread advances this communicator's pending operations.
+        self.advance_lock = threading.Lock()
         #: MPI datatype handle -> (dtype, kernel kind, reals per element): the dtypes of
         #: the direct form at or above ``min_reduce`` (:meth:`sum_in_place_at`).
         self.kernel_types: Dict[int, tuple] = {}
@@ -273,18 +275,32 @@ class SharedMemoryCommunicator(MPICommunicator):
         return test, None, op
 
     def _advance(self) -> None:
-        """Advance the operations in order, as far as each can go without waiting."""
-        queue = self.queue
+        """Advance the operations in order, as far as each can go without waiting: the
+        ring's, then the small channel's (whose peers may need this rank's reads while
+        it waits for another group). One thread at a time: another thread's wait that
+        finds it busy leaves it to that thread."""
+        if not self.advance_lock.acquire(False):
+            return
         try:
-            while queue and queue[0].step():
-                queue.popleft()
-        except Exception as exc:  # raised by each pending operation's own test()
-            self.failed = exc
-            for pending in queue:
-                pending.error = exc
-            queue.clear()
-        if not queue:
-            self._idle()
+            queue = self.queue
+            try:
+                while queue and queue[0].step():
+                    queue.popleft()
+            except Exception as exc:  # raised by each pending operation's own test()
+                self.failed = exc
+                for pending in queue:
+                    pending.error = exc
+                queue.clear()
+            small = 0
+            if self.small is not None:
+                try:
+                    small = self.small.kernel.pending()
+                except (ValueError, RuntimeError):  # the operation's own test raises it
+                    small = 0
+            if not queue and not small:
+                self._idle()
+        finally:
+            self.advance_lock.release()
 
     def _idle(self) -> None:
         if self in _busy:
@@ -331,7 +347,11 @@ class SharedMemoryCommunicator(MPICommunicator):
         """The operation on the small channel, or ``None`` where it does not apply."""
         if self._small_sizes[code] <= 0:
             return None
-        return self.small.start(code, send, recv, redop, root)
+        started = self.small.start(code, send, recv, redop, root)
+        if started is not None and self not in _busy:  # advanced by every wait, as the
+            _busy.append(self)                          # ring's operations are
+            _work.while_waiting = _progress_all
+        return started
 
     def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
         if factor is None and buf.nbytes <= self._small_sizes[ALL_REDUCE]:
