@@ -10,6 +10,10 @@
 # Each run is tests/run_suite.py: serial tests, then MPI tests under that library's
 # mpiexec at 1, 2 and 4 ranks; under MPICH the MPI tests run once more at 4 ranks
 # placed as 2 simulated nodes, and once more at 2 ranks at MPI_THREAD_SERIALIZED.
+# The collectives, groups, shared memory, the differential harness and the stress
+# tests run at 8 ranks too (MPICH; the last two under Open MPI as well), and the
+# shared-memory and direct-path tests once more with the C helpers built with
+# AddressSanitizer and UndefinedBehaviorSanitizer (tests/sanitize.py).
 # The last line adds the runs up; the exit status is non-zero if any run failed.
 # HPCCOMM_TEST_MPIS=mpich,openmpi,impi picks the libraries; extra arguments go to
 # every tests/run_suite.py.
@@ -32,6 +36,21 @@ suite() {  # suite LABEL DIR WHEEL [run_suite.py args]: one library's run, recor
     "$dir/bin/python" tests/run_suite.py --label "$label" --results "$RESULTS/runs.jsonl" "$@"
 }
 
+sanitized() {  # sanitized LABEL DIR WHEEL [run_suite.py args]: suite, helpers sanitized
+    local label=$1 dir=$2 wheel=$3
+    shift 3
+    echo
+    echo "########## $label ($wheel, $dir, C helpers with ASan and UBSan) ##########"
+    "$dir/bin/python" tests/sanitize.py --label "$label" --results "$RESULTS/runs.jsonl" "$@"
+}
+
+#: MPI tests that also run at 8 ranks, and those that run with the sanitized helpers
+EIGHT="tests/test_differential.py tests/test_stress.py tests/test_collectives.py
+       tests/test_groups.py tests/test_shm.py tests/test_shm_small.py"
+SANITIZED="tests/test_shm.py tests/test_shm_small.py tests/test_shm_kernel.py
+           tests/test_shm_hier.py tests/test_mpi_direct.py tests/test_differential.py
+           tests/test_stress.py"
+
 status=0
 for mpi in ${MPIS//,/ }; do
     case $mpi in
@@ -47,6 +66,12 @@ for mpi in ${MPIS//,/ }; do
             # which need MPI_THREAD_MULTIPLE, skip)
             MPI4PY_RC_THREAD_LEVEL=serialized HPCCOMM_MPI_THREAD_LEVEL=serialized \
                 suite "MPICH, serialized" .venv mpich --ranks 2 --no-serial "$@" \
+                || status=1
+            # the collectives' paths at 8 ranks (oversubscribed here: correctness, not speed)
+            suite "MPICH, 8 ranks" .venv mpich --ranks 8 --no-serial $EIGHT "$@" || status=1
+            # the C helpers built with AddressSanitizer and UndefinedBehaviorSanitizer,
+            # warnings as errors, under the tests that drive them
+            sanitized "MPICH, sanitizers" .venv mpich --ranks 2,4 --no-serial $SANITIZED "$@" \
                 || status=1 ;;
         openmpi)
             venv .venv-openmpi test-openmpi,torch,frameworks
@@ -54,8 +79,11 @@ for mpi in ${MPIS//,/ }; do
             if [ "$(id -u)" = 0 ]; then
                 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
             fi
-            PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe \
-                suite "Open MPI" .venv-openmpi openmpi "$@" || status=1 ;;
+            export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+            suite "Open MPI" .venv-openmpi openmpi "$@" || status=1
+            suite "Open MPI, 8 ranks" .venv-openmpi openmpi --ranks 8 --no-serial \
+                tests/test_differential.py tests/test_stress.py "$@" || status=1
+            unset PRTE_MCA_rmaps_default_mapping_policy ;;
         impi)
             venv .venv-impi test-impi
             suite "Intel MPI" .venv-impi impi-rt --ranks 1,2 "$@" || status=1 ;;
