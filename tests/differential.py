@@ -323,6 +323,8 @@ class Steps:
         count = self.count("all_reduce", dtype.itemsize)
         data = self.inputs(dtype, count, red)
         shape = (count // 3, 3) if count % 3 == 0 and count else (count,)
+        if count == 1 and self.rng.integers(2):
+            shape = ()  # a 0-d array, as torch's scalars
         buf = data[self.me].copy().reshape(shape) if self.me >= 0 else None
         want = reference(data, red).reshape(shape)
         what = f"all_reduce {dtype}{list(shape)} {red}"
@@ -421,10 +423,15 @@ class Steps:
         red = self.reduction(dtype)
         block = self.count("reduce_scatter", dtype.itemsize, self.n)
         data = self.inputs(dtype, block * self.n, red)
-        out = np.zeros(block, dtype)
         want = reference(data, red)
-        mine = data[self.me] if self.me >= 0 else None
-        what = f"reduce_scatter_tensor {dtype}[{block} per rank] {red}"
+        in_place = bool(self.rng.integers(2))
+        mine = data[self.me].copy() if self.me >= 0 else None
+        if in_place and mine is not None:  # the output is this rank's block of the input
+            out = mine[self.me * block:(self.me + 1) * block]
+        else:
+            out = np.zeros(block, dtype)
+        what = (f"reduce_scatter_tensor {dtype}[{block} per rank] {red}"
+                f"{' in place' if in_place else ''}")
         return Step(what, lambda a: self.dist.reduce_scatter_tensor(
             out, mine, op=self.op(red), group=self.group.pg, async_op=a),
             lambda: check(out, want[self.me * block:(self.me + 1) * block],
