@@ -48,6 +48,7 @@ from ..mpi import communicator as _mpi_backend
 from ..mpi.communicator import MPICommunicator
 from ..mpi import ft as mpi_ft, placement, plumbing as _mpi_plumbing
 from . import cma as shm_cma, hier as shm_hier, pair as shm_pair, segment as shm_segment
+from . import progress as _progress
 from . import small as shm_small
 from .small import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, REDUCE_SCATTER
 from .algorithms import (AllGather, AllReduce, Broadcast, Collective, ReduceScatter,
@@ -85,8 +86,6 @@ SLOTS = 4
 _HALF_NATIVE = _mpi_backend.HALF_NATIVE
 #: A tag nothing is sent with: probing it only runs MPI's progress engine.
 _PROGRESS_TAG = int(Tag.SHM_PROGRESS)  # a plain int on the polling path
-#: Communicators with shared-memory operations under way (advanced by every wait).
-_busy: List["SharedMemoryCommunicator"] = []
 
 
 def enabled() -> bool:
@@ -171,14 +170,6 @@ def _piece_bytes(chunk: int, size: int) -> int:
     return max(64, chunk // size // 64 * 64)
 
 
-def _progress_all() -> None:
-    if len(_busy) == 1:
-        _busy[0]._advance()
-        return
-    for communicator in tuple(_busy):
-        communicator._advance()
-
-
 class SharedMemoryCommunicator(MPICommunicator):
     """An MPI communicator whose large collectives run through shared memory."""
 
@@ -251,22 +242,20 @@ class SharedMemoryCommunicator(MPICommunicator):
             raise DistBackendError(f"an earlier shared-memory operation of this group "
                                    f"failed ({self.failed}); the group is unusable")
         self.queue.append(op)
-        if self not in _busy:
-            _busy.append(self)
-            _work.while_waiting = _progress_all
+        _progress.register(self)
 
         node = self.node
         waits_in_c = getattr(op, "kernel", None) is not None  # pair mode's C kernel
 
         def test() -> bool:
             if not op.done:
-                _progress_all()
+                _progress.advance_all()
                 if op.error is not None:
                     raise op.error
                 if (not op.done and waits_in_c and not _work.probing and
-                        self.queue[0] is op and len(_busy) == 1):  # a wait on it: in C
+                        self.queue[0] is op and len(_progress.busy) == 1):  # in C
                     op.wait_pair(shm_pair.SLICE_S, _work.spin_yield_every())
-                    _progress_all()
+                    _progress.advance_all()
                 if not op.done:
                     op.idle += 1
                     if not op.idle & 15:  # let MPI progress other groups' requests that
@@ -274,7 +263,7 @@ class SharedMemoryCommunicator(MPICommunicator):
             return op.done
         return test, None, op
 
-    def _advance(self) -> None:
+    def advance_pending(self) -> None:
         """Advance the operations in order, as far as each can go without waiting: the
         ring's, then the small channel's (whose peers may need this rank's reads while
         it waits for another group). One thread at a time: another thread's wait that
@@ -298,15 +287,9 @@ class SharedMemoryCommunicator(MPICommunicator):
                 except (ValueError, RuntimeError):  # the operation's own test raises it
                     small = 0
             if not queue and not small:
-                self._idle()
+                _progress.release(self)
         finally:
             self.advance_lock.release()
-
-    def _idle(self) -> None:
-        if self in _busy:
-            _busy.remove(self)
-            if not _busy:
-                _work.while_waiting = None
 
     def _shared(self, arr: np.ndarray) -> Optional[tuple]:
         """Where peers read ``arr`` in place: ``(segment index, offset)`` when it lies in
@@ -347,11 +330,24 @@ class SharedMemoryCommunicator(MPICommunicator):
         """The operation on the small channel, or ``None`` where it does not apply."""
         if self._small_sizes[code] <= 0:
             return None
-        started = self.small.start(code, send, recv, redop, root)
-        if started is not None and self not in _busy:  # advanced by every wait, as the
-            _busy.append(self)                          # ring's operations are
-            _work.while_waiting = _progress_all
-        return started
+        return self._pending_small(self.small.start(code, send, recv, redop, root))
+
+    def _pending_small(self, started: Optional[Started]) -> Optional[Started]:
+        """``started``, an operation on the small channel, advanced by every wait of the
+        process while it is pending (its peers may need this rank's reads while it waits
+        for another group), as the ring's operations are; once it is over, this
+        communicator leaves the busy list unless something else is pending."""
+        if started is None or not self.small.kernel.pending():  # over at once
+            return started
+        _progress.register(self)
+        test, finish, keep = started
+
+        def test_then_settle() -> bool:
+            if not test():
+                return False
+            self.advance_pending()
+            return True
+        return test_then_settle, finish, keep
 
     def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
         if factor is None and buf.nbytes <= self._small_sizes[ALL_REDUCE]:
@@ -384,9 +380,9 @@ class SharedMemoryCommunicator(MPICommunicator):
             if running == 0:
                 return None
             if running > 0:
-                return self.small.started(running)
+                return self._pending_small(self.small.started(running))
             arr = _at(address, nbytes, dtype)  # operations pending: queued after them
-            started = self.small.start(ALL_REDUCE, arr, arr, 0, 0)
+            started = self._pending_small(self.small.start(ALL_REDUCE, arr, arr, 0, 0))
             if started is not None:
                 return started
         if nbytes < self.min_reduce:
@@ -504,7 +500,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         """Forget the segments (local: nothing waits for the other ranks). Their memory
         goes when the last rank drops its mapping, arrays from hpccomm.shm.empty included
         once the caller lets go of them."""
-        self._idle()
+        _progress.release(self)
         if self.queue:  # their Works fail (and so count as over) instead of waiting forever
             destroyed = DistBackendError("the group was destroyed while this shared-memory "
                                          "operation was pending")

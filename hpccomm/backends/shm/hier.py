@@ -20,13 +20,16 @@ operations or dtypes the steps do not cover, take the flat MPI path.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+import collections
+import threading
+from typing import Any, Callable, Deque, List, Optional, Sequence
 
 import numpy as np
 
 from ...types import RedOpType
 from ...work import Deferred, Started
 from ..mpi.communicator import MPICommunicator
+from . import progress as _progress
 
 #: The smallest all_reduce (bytes) that takes the three steps; below, flat MPI. Where
 #: the machine runs more ranks than it has CPUs, the steps are off unless
@@ -43,18 +46,22 @@ _STEP_KIND = {RedOpType.SUM: RedOpType.SUM, RedOpType.AVG: RedOpType.SUM,
 
 
 class Chain:
-    """Steps run one after another as one operation's ``test``: each step is a function
-    that starts it and returns its ``(test, finish, keep)``; a step starts once the one
-    before it has finished. A step's deferred test starts in its nonblocking form, since
-    the chain may be polled rarely (``async_op``)."""
+    """Steps run one after another as one operation: each step is a function that starts
+    it and returns its ``(test, finish, keep)``; a step starts once the one before it has
+    finished, and no further than ``limit`` steps started (the chain of an operation
+    started earlier, whose own step must start first on every rank). A step's deferred
+    test starts in its nonblocking form, since the chain may be polled rarely
+    (``async_op``)."""
 
-    __slots__ = ("steps", "test", "finish", "keep")
+    __slots__ = ("steps", "test", "finish", "keep", "started", "error")
 
     def __init__(self, steps: Sequence[Callable[[], Started]]):
         self.steps = list(reversed(steps))
         self.keep: List[Any] = []
         self.test: Optional[Callable[[], bool]] = None
         self.finish: Optional[Callable[[], Any]] = None
+        self.started = 0  # steps started so far
+        self.error: Optional[BaseException] = None  # what a step raised
         self._next()
 
     def _next(self) -> bool:
@@ -66,14 +73,20 @@ class Chain:
             test.start_async()
         self.test = test
         self.keep.append(keep)
+        self.started += 1
         return True
 
-    def __call__(self) -> bool:
+    def advance(self, limit: float = float("inf")) -> bool:
+        """Run the steps as far as they go without waiting, starting none past ``limit``
+        steps; whether the whole chain is done."""
         while self.test is not None:
             if not self.test():
                 return False
             if self.finish is not None:
                 self.finish()
+                self.finish = None
+            if self.started >= limit and self.steps:
+                return False
             if not self._next():
                 return True
         return True
@@ -95,6 +108,36 @@ class HierarchicalCommunicator(MPICommunicator):
         self.nodes = self.cross.size
         # the direct form of synchronous sums stays below the three steps
         self.direct_below = min(self.direct_below, self.min_hier)
+        #: The chains under way, in the order they started; every wait advances them
+        #: (:mod:`.progress`), one thread at a time.
+        self.chains: Deque[Chain] = collections.deque()
+        self.advance_lock = threading.Lock()
+
+    def advance_pending(self) -> None:
+        """Advance the chains in order: a chain starts a step only once every chain
+        before it has started that step, so that every rank starts the steps' MPI and
+        shared-memory operations in one order, whichever operation it waits for."""
+        if not self.advance_lock.acquire(False):
+            return
+        try:
+            chains = self.chains
+            limit = float("inf")
+            for chain in tuple(chains):
+                try:
+                    done = chain.advance(limit)
+                except Exception as exc:  # raised by its own test
+                    chain.error, done = exc, True
+                if done and chain is chains[0]:
+                    chains.popleft()
+                    continue
+                if done:
+                    chains.remove(chain)
+                    continue
+                limit = chain.started
+            if not chains:
+                _progress.release(self)
+        finally:
+            self.advance_lock.release()
 
     def all_reduce(self, buf: np.ndarray, kind: RedOpType, factor: Any) -> Started:
         step_kind = _STEP_KIND.get(kind)
@@ -111,19 +154,30 @@ class HierarchicalCommunicator(MPICommunicator):
             lambda: cross.all_reduce(shard, step_kind, None),
             lambda: local.all_gather(shard, flat, counts),
         ])
+        self.chains.append(chain)
+        _progress.register(self)
+
+        def test() -> bool:
+            if chain.test is not None and chain.error is None:
+                self.advance_pending()  # (another thread's wait may be advancing it now)
+            if chain.error is not None:
+                raise chain.error
+            return chain.test is None
         finish = None
         if kind is RedOpType.AVG:
             size = self.size
 
             def finish() -> None:
                 np.true_divide(flat, size, out=flat, casting="unsafe")
-        return chain, finish, (flat, shard, chain)
+        return test, finish, (flat, shard, chain)
 
     def shutdown(self) -> None:
         """Free the node's and the cross-node communicators (the group frees its own)."""
         from ..mpi.plumbing import free
 
         local, cross = self.local, self.cross
+        self.chains.clear()
+        _progress.release(self)
         local.shutdown()
         free(local.comm)
         cross.shutdown()
