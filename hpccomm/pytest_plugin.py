@@ -27,7 +27,8 @@ in step. ``--hpccomm-test-timeout=SECONDS`` (ini ``hpccomm_test_timeout``; impli
 lockstep; default: the group timeout) interrupts a test that outlives it, naming the
 ranks that did not finish and where each one was. Lockstep implies rank-0 output, and
 only rank 0 writes ``--junitxml`` (the agreed outcomes); ``--hpccomm-results=FILE``
-writes them as JSON lines. See :mod:`hpccomm.testing.lockstep`.
+writes them as JSON lines. Lockstep also implies pytest-mpi's ``--with-mpi`` (its
+``mpi``-marked tests would be skipped without it), and the report header says so. See :mod:`hpccomm.testing.lockstep`.
 
 Marker ``@pytest.mark.parallel(nprocs=[1, 2, 4])``: the test runs at each size, as items
 ``test[n=k]``; from a serial ``pytest`` the plugin starts one job per size
@@ -194,9 +195,15 @@ class _Session:
         self.results: Any = None      # path of --hpccomm-results (rank 0)
         self.closing_line = False
         self.started = time.time()
+        self.implied = ""             # an option that another one turned on, for the header
 
 
 _SESSION = pytest.StashKey[_Session]()
+
+
+def pytest_report_header(config: Any) -> Any:
+    implied = config.stash[_SESSION].implied if _SESSION in config.stash else ""
+    return f"hpccomm: {implied}" if implied else None
 
 
 def _lockstep_wanted(config: Any, early: bool = False) -> bool:
@@ -228,6 +235,11 @@ def pytest_configure(config: Any) -> None:
         config.option.xmlpath = None  # rank 0's report holds the agreed outcomes
     if _lockstep_wanted(config) and stated is not None:
         state.closing_line = True
+        if getattr(config.option, "with_mpi", None) is False:
+            # pytest-mpi skips its mpi-marked tests without --with-mpi; lockstep means
+            # a run under MPI, so it asks for them (the header says so)
+            config.option.with_mpi = True
+            state.implied = "--hpccomm-lockstep implies pytest-mpi's --with-mpi"
 
 
 def pytest_generate_tests(metafunc: Any) -> None:
