@@ -375,11 +375,11 @@ def test_lockstep_implies_with_mpi_and_says_so(tmp_path):
     """pytest-mpi skips mpi-marked tests without --with-mpi; under a launcher, lockstep
     (or a test timeout, which implies it) turns it on."""
     tests = USER_TESTS + "\n\ndef test_plain():\n    pass\n"
-    result = _pytest(tmp_path, tests, ["-q", "-rs", "--hpccomm-lockstep"], ranks=2)
+    result = _pytest(tmp_path, tests, ["-rs", "--hpccomm-lockstep"], ranks=2)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "2 passed" in out and "skipped" not in out, out
-    assert "hpccomm: --hpccomm-lockstep implies pytest-mpi's --with-mpi" in out, out
+    assert "hpccomm: --hpccomm-lockstep implies pytest-mpi's --with-mpi" in out, out  # header
     given = _pytest(tmp_path, tests, ["-q", "--hpccomm-lockstep", "--with-mpi"], ranks=2)
     assert given.returncode == 0 and "implies" not in given.stdout, given.stdout
 
