@@ -92,7 +92,10 @@ class MPICudaCommunicator(Communicator):
             return False
         if kind is None:
             return True
-        return kind != RedOpType.PREMUL_SUM and reduction_plan(dtype, kind)[2] is None
+        if kind == RedOpType.PREMUL_SUM:
+            return False
+        _, op, stage = reduction_plan(dtype, kind)  # MPI's own op, on device memory
+        return stage is None and op.is_predefined  # (not a NaN-propagating MIN in Python)
 
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, buf: Any, root: int) -> Started:

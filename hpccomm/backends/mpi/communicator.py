@@ -106,24 +106,53 @@ def transfer_type(dtype: Any) -> Any:
     return mpitype
 
 
+#: (dtype, kind) -> the MPI op of a MIN or MAX of floats that propagates NaN.
+_NAN_OPS: Dict[Any, Any] = {}
+
+
+def nan_propagating(dtype: Any, kind: RedOpType) -> Any:
+    """An MPI op computing ``kind`` (MIN or MAX) of ``dtype`` elements as NumPy and torch
+    do: a NaN in any rank's element makes the result NaN. MPI's own MIN and MAX compare
+    with ``<``, so a NaN wins or loses by its place in the reduction order, and the ranks
+    of one all-reduce could even get different results."""
+    key = (dtype, kind)
+    found = _NAN_OPS.get(key)
+    if found is None:
+        ufunc = np.minimum if kind is RedOpType.MIN else np.maximum
+
+        def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            into = np.frombuffer(inoutbuf, dtype)
+            ufunc(np.frombuffer(inbuf, dtype), into, out=into)
+        found = _NAN_OPS[key] = MPI.Op.Create(combine, commute=True)
+    return found
+
+
 def reduction_plan(dtype: Any, kind: RedOpType) -> _Plan:
     """How to reduce ``dtype`` with ``kind``: ``(MPI type, MPI op, staging dtype or
     None)`` (cached in :data:`_PLANS`, which the hot path reads first)."""
     plan = _PLANS[kind].get(dtype)
     if plan is None:
-        if dtype.kind == "b":
-            plan = (_PREDEFINED[dtype], _LOGICAL[kind], None)
-        elif _SATURATING_SUMS and dtype.kind in "iu" and dtype.itemsize <= 2 and kind in (
-                RedOpType.SUM, RedOpType.PREMUL_SUM):
-            wide = np.dtype(np.int64 if dtype.kind == "i" else np.uint64)
-            plan = (_PREDEFINED[wide], _ARITH[kind], wide)  # copied back, wrapping
-        elif dtype in _PREDEFINED and dtype.name != "bfloat16" and not (
-                dtype.name == "float16" and kind not in (RedOpType.MIN, RedOpType.MAX)):
-            plan = (_PREDEFINED[dtype], _ARITH[kind], None)
-        else:  # bfloat16; float16 sums/products, or any float16 without an MPI half type
-            plan = (MPI.FLOAT, _ARITH[kind], _FLOAT32)
+        mpitype, op, stage = plan = _plan(dtype, kind)
+        reduced = dtype if stage is None else stage
+        if kind in (RedOpType.MIN, RedOpType.MAX) and reduced.kind == "f":
+            plan = (mpitype, nan_propagating(reduced, kind), stage)
         _PLANS[kind][dtype] = plan
     return plan
+
+
+def _plan(dtype: Any, kind: RedOpType) -> _Plan:
+    """:func:`reduction_plan` with MPI's own operations."""
+    if dtype.kind == "b":
+        return (_PREDEFINED[dtype], _LOGICAL[kind], None)
+    if _SATURATING_SUMS and dtype.kind in "iu" and dtype.itemsize <= 2 and kind in (
+            RedOpType.SUM, RedOpType.PREMUL_SUM):
+        wide = np.dtype(np.int64 if dtype.kind == "i" else np.uint64)
+        return (_PREDEFINED[wide], _ARITH[kind], wide)  # copied back, wrapping
+    if dtype in _PREDEFINED and dtype.name != "bfloat16" and not (
+            dtype.name == "float16" and kind not in (RedOpType.MIN, RedOpType.MAX)):
+        return (_PREDEFINED[dtype], _ARITH[kind], None)
+    # bfloat16; float16 sums/products, or any float16 without an MPI half type
+    return (MPI.FLOAT, _ARITH[kind], _FLOAT32)
 
 
 def direct_sum_types() -> Dict[Any, int]:
