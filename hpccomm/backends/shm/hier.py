@@ -26,6 +26,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence
 
 import numpy as np
 
+from ...errors import DistBackendError
 from ...types import RedOpType
 from ...work import Deferred, Started
 from ..mpi.communicator import MPICommunicator
@@ -176,6 +177,9 @@ class HierarchicalCommunicator(MPICommunicator):
         from ..mpi.plumbing import free
 
         local, cross = self.local, self.cross
+        for chain in self.chains:  # their waits fail at once instead of timing out
+            chain.error = DistBackendError("the group was destroyed while this "
+                                           "hierarchical all_reduce was pending")
         self.chains.clear()
         _progress.release(self)
         local.shutdown()
