@@ -699,16 +699,22 @@ def _has_ml_dtypes() -> bool:
 
 
 # -- running a sequence ----------------------------------------------------------------------
-def run(dist: Any, group: Group, seed: int, count: int) -> List[str]:
-    """Run ``count`` steps drawn from ``seed`` on ``group``; return the messages of the
-    invalid calls (to compare across ranks). Raises :class:`Failure` at the first step
-    that differs, naming the seed, the group and the step."""
+class Ran(NamedTuple):
+    errors: List[str]   # the invalid calls' messages, rank numbers aside (see run)
+    checked: int        # steps whose outcome this rank checked (0 on a non-member)
+
+
+def run(dist: Any, group: Group, seed: int, count: int) -> Ran:
+    """Run ``count`` steps drawn from ``seed`` on ``group``: what was checked, and the
+    messages of the invalid calls (to compare across ranks). Raises :class:`Failure` at
+    the first step that differs, naming the seed, the group and the step."""
     seq = Steps(dist, group, seed)
     steps = seq.steps(count)
     local = np.random.default_rng([seed, dist.get_rank(), 7])  # this rank's own choices
     member = group.me >= 0
     errors: List[str] = []
     pending: List[tuple] = []
+    checked = 0
     for index, step in enumerate(steps):
         where = (f"differential seed {seed}, group '{group.name}' (global ranks "
                  f"{group.ranks}), step {index}: {step.what}")
@@ -716,6 +722,7 @@ def run(dist: Any, group: Group, seed: int, count: int) -> List[str]:
             if not member:
                 _non_member(step, where)
                 continue
+            checked += 1
             if step.error is not None:
                 errors.append(_expect_error(dist, group, step, where))
                 continue
@@ -735,7 +742,7 @@ def run(dist: Any, group: Group, seed: int, count: int) -> List[str]:
             raise Failure(f"{where}: raised {type(exc).__name__}: {exc}\n"
                           f"{traceback.format_exc()}") from None
     _finish(pending, local)
-    return errors
+    return Ran(errors, checked)
 
 
 def _finish(pending: List[tuple], local: Optional[np.random.Generator] = None) -> None:
@@ -820,7 +827,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in args.config or list(CONFIGS):
         group = make_group(dist, name)
         try:
-            same_errors_everywhere(dist, group, run(dist, group, args.seed, args.steps))
+            same_errors_everywhere(dist, group, run(dist, group, args.seed, args.steps).errors)
             print(f"rank {dist.get_rank()}: seed {args.seed} on '{name}': ok", flush=True)
         except Failure as exc:
             print(f"rank {dist.get_rank()}: {exc}", flush=True)

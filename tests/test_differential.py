@@ -30,12 +30,14 @@ def groups(world):
 def test_random_sequence_matches_numpy(dist, groups, config, seed):
     group = groups[config]
     try:
-        errors = differential.run(dist, group, seed, STEPS)
-        differential.same_errors_everywhere(dist, group, errors)
+        ran = differential.run(dist, group, seed, STEPS)
+        differential.same_errors_everywhere(dist, group, ran.errors)
     except differential.Failure as exc:
         pytest.fail(f"{exc}\nrun it alone: mpiexec -n {dist.get_world_size()} python "
                     f"tests/differential.py --seed {seed} --steps {STEPS} --config {config}",
                     pytrace=False)
+    assert ran.checked == (STEPS if group.me >= 0 else 0)
+    assert ran.errors or group.me < 0, "the sequence made no invalid call"
 
 
 def test_each_sequence_draws_every_kind_of_step(dist, groups):

@@ -78,6 +78,7 @@ def test_sequences_on_several_groups_interleaved(dist, groups):
     """The differential sequences of every group, a step of each in turn, so that each
     group's operations are in flight while the others' run."""
     seqs = [(group, differential.Steps(dist, group, 99).steps(20)) for group in groups]
+    checked = 0
     for index in range(20):
         works = []
         for group, steps in seqs:
@@ -87,11 +88,15 @@ def test_sequences_on_several_groups_interleaved(dist, groups):
             if step.sync_only:
                 step.start(False)
                 step.verify()
+                checked += 1
             else:
                 works.append((step.start(True), step, group.name))
         for work, step, name in reversed(works):
             work.wait()
             step.verify()
+            checked += 1
+    assert checked == sum(step.error is None for group, steps in seqs if group.me >= 0
+                          for step in steps)
 
 
 def test_threads_issue_on_groups_of_their_own(dist, rank, size):
@@ -103,8 +108,9 @@ def test_threads_issue_on_groups_of_their_own(dist, rank, size):
 
     def work(group, seed):
         try:
-            errors = differential.run(dist, group, seed, 25)
-            differential.same_errors_everywhere(dist, group, errors)
+            ran = differential.run(dist, group, seed, 25)
+            differential.same_errors_everywhere(dist, group, ran.errors)
+            assert ran.checked == 25
         except BaseException as exc:  # reported by the main thread
             failures.append(f"{group.name}: {exc}")
     try:
