@@ -14,14 +14,16 @@ instead:
    library's own blocking call (``MPI_Allreduce``...) runs: it cannot wait for an
    absent rank. Different signatures raise an error naming both calls at once.
 
-A rank that calls with ``async_op=True`` (or whose call becomes a Work) cannot promise to
-wait at once, and ``async_op`` is each rank's own choice, as in torch: so it posts its
-signature too, marked "not waiting", and starts the nonblocking call at once. Every rank
-learns from the signatures whether all of them wait at once; if any does not, the
+A rank that calls with ``async_op=True`` (or whose call becomes a Work) cannot promise
+to wait at once, and ``async_op`` is each rank's own choice, as in torch: so it posts
+its signature too, marked "not waiting", and starts the nonblocking call at once. Every
+rank learns from the signatures whether all of them wait at once; if any does not, the
 waiting ones start the nonblocking call as well, so the ranks never split between a
-blocking call and its nonblocking twin, which MPI does not match. The thresholds below come from
-``benchmarks/studies/mpi_patterns.py`` (docs/cluster.md lists the numbers); they are looked up
-once, from the library found by ``MPI.get_vendor()``.
+blocking call and its nonblocking twin, which MPI does not match.
+
+The thresholds below come from ``benchmarks/studies/mpi_patterns.py`` (docs/cluster.md
+lists the numbers); they are looked up once, from the library found by
+``MPI.get_vendor()``.
 ``HPCCOMM_MPI_GATED`` overrides the table: ``off`` (never gate), ``all=256K`` (every
 gateable operation from 256 KiB), or ``all_reduce=64K,all_gather=1M``.
 """
