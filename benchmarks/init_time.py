@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ import tempfile
 import time
 
 from common import result, write_csv
+from hpccomm.stores import free_port
 
 
 class _NullStore:
@@ -92,12 +92,6 @@ def run_gloo(port, sync_dir=None):
     td.all_reduce(times, op=td.ReduceOp.MAX)
     td.destroy_process_group()
     return rank, size, times.tolist(), "tcp rendezvous"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def driver(args):

@@ -22,6 +22,7 @@ import sys
 from typing import Dict, List, Mapping, Optional
 
 from ._launcher_env import launcher_local_rank, launcher_rank
+from .stores.ports import free_port
 
 
 def torchrun_env(env: Mapping[str, str]) -> Dict[str, str]:
@@ -65,7 +66,7 @@ def torch_master(env: Mapping[str, str]) -> Dict[str, str]:
     name = socket.gethostname().encode()[:_HOST_BYTES]
     mine[:len(name)] = np.frombuffer(name, dtype=np.uint8)
     if world.Get_rank() == 0:
-        mine[_HOST_BYTES:].view(np.int64)[0] = int(given.get("MASTER_PORT") or _free_port())
+        mine[_HOST_BYTES:].view(np.int64)[0] = int(given.get("MASTER_PORT") or free_port())
     every = mpi.allgather(world, mine, "hpccomm run --torch (agreeing on MASTER_ADDR/"
                           "MASTER_PORT)", default_pg_timeout.total_seconds())
     hosts = {bytes(row[:_HOST_BYTES]).rstrip(b"\0").decode() for row in every}
@@ -73,12 +74,6 @@ def torch_master(env: Mapping[str, str]) -> Dict[str, str]:
     return {"MASTER_ADDR": given.get("MASTER_ADDR") or ("127.0.0.1" if len(hosts) == 1
                                                          else first),
             "MASTER_PORT": str(int(every[0, _HOST_BYTES:].view(np.int64)[0]))}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def run_target(argv: List[str]) -> None:

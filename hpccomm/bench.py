@@ -58,7 +58,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,6 +67,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import mpi_level, settings
+from .stores.ports import free_port
 
 KiB, MiB = 1024, 1024 * 1024
 DEFAULT_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
@@ -97,9 +97,7 @@ def init_gloo(comm: Any) -> Any:
     torch.set_num_threads(1)
     port = None
     if comm.rank == 0:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port("127.0.0.1")
     port = comm.bcast(port, root=0)
     td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                           rank=comm.rank, world_size=comm.size)

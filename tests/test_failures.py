@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from launcher_env import mpi_vendor, mpiexec, without_launcher
+from hpccomm.stores import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE = os.path.join(ROOT, "tests", "scripts", "failure_case.py")
@@ -57,14 +58,6 @@ def results(output):
     return found
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # -- no traceback is lost ----------------------------------------------------------------------
 TRACEBACK_CASES = {
     "exception": "ValueError: boom on purpose in rank 1",
@@ -77,7 +70,7 @@ TRACEBACK_CASES = {
 def _one_traceback_run(case):
     """``(lost, what happened)``: the job must end (the run's limit bounds it, whatever
     time the start-up took on a busy machine) with the traceback in its output."""
-    code, output, elapsed = run(case, MASTER_PORT=_free_port())
+    code, output, elapsed = run(case, MASTER_PORT=free_port())
     lost = (code == 0 or TRACEBACK_CASES[case] not in output
             or "aborts the whole job" not in output or "not reached" in output)
     return lost, f"exit {code} after {elapsed:.1f} s:\n{output}"

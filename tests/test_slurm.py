@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hpccomm.stores import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm",
@@ -63,12 +64,6 @@ def _install_or_skip():
         pytest.skip(f"apt-get installed {missing} but {still} are still missing")
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class SlurmCluster:
     """munged + slurmctld + slurmd on this host, configured under ``base``."""
 
@@ -97,7 +92,7 @@ class SlurmCluster:
             f"FirstJobId={random.randint(1000, 60_000_000)}",
             f"SlurmctldHost={self.host}(127.0.0.1)",
             "SlurmUser=root", "SlurmdUser=root",
-            f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
             "AuthType=auth/munge", "CredType=cred/munge",
             f"AuthInfo=socket={base}/munge/munge.socket",
             f"StateSaveLocation={base}/state", f"SlurmdSpoolDir={base}/spool",

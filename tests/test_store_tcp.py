@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from hpccomm.stores import free_port
 from hpccomm.errors import DistNetworkError, DistStoreError
 from hpccomm.stores import TCPStore, tcp
 from hpccomm.stores._wire import Op, Status, decode_reply, encode_request, frame
@@ -112,10 +113,7 @@ def test_second_master_on_busy_port_fails():
 
 
 def test_connect_to_nothing_is_a_network_error():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port("127.0.0.1")
     t0 = time.monotonic()
     with pytest.raises(DistNetworkError, match=r"timed out after 500ms while trying to "
                                                rf"connect to \(127.0.0.1, {port}\)"):
@@ -422,3 +420,17 @@ def test_large_values_and_frames_split_anywhere():
     assert _raw_reply(raw) == (Status.OK, [b"v" * 100])
     raw.close()
     master.close()
+
+
+def test_free_port_is_below_the_ephemeral_range_and_bindable():
+    """A client's own source port is never below the ephemeral range, so a client that
+    retries its connect before the server listens cannot connect to itself."""
+    from hpccomm.stores.ports import ephemeral_range
+
+    low, _ = ephemeral_range()
+    ports = {free_port("127.0.0.1") for _ in range(8)}
+    assert all(1024 <= port < low for port in ports), (ports, low)
+    assert len(ports) > 1, ports  # drawn at random, not one fixed port for every job
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))

@@ -5,7 +5,6 @@ and ``hpccomm.torch`` says what is missing when torch is.
 """
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -28,12 +27,6 @@ def run(args, n=None, limit=120, **env):
     done = subprocess.run(cmd, cwd=ROOT, env=job_env(env, TORCH_LAUNCH), capture_output=True,
                           text=True, timeout=limit)
     return done.returncode, done.stdout + done.stderr
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # -- packaging -------------------------------------------------------------------------------
@@ -144,6 +137,7 @@ def test_ddp_job_script_is_valid_bash():
 
 # -- under Slurm ---------------------------------------------------------------------------------
 from test_slurm import _wait_job, slurm  # noqa: E402,F401  (a real single-node Slurm)
+from hpccomm.stores import free_port
 
 
 def test_ddp_job_script_under_slurm(slurm, tmp_path):  # noqa: F811

@@ -4,13 +4,13 @@ PythonProcessGroupExtensionTest.test_backend_class_attr), each in a fresh proces
 own, as torch runs them (a world of one started without a launcher).
 """
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 from launcher_env import without_launcher
+from hpccomm.stores import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -26,12 +26,6 @@ def run_alone(code, env=None, timeout=60):
                           env=full_env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("kind", ["file", "tcp"])

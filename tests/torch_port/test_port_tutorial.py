@@ -6,12 +6,12 @@ serial test with a hard time limit, so a hang fails this test alone.
 """
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 from launcher_env import mpiexec, without_launcher
+from hpccomm.stores import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -38,12 +38,6 @@ def run_example(example, n, **env):
             results[int(found.group(1))] = found.group(2)
     assert sorted(results) == list(range(n)), output
     return results, output
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -22,6 +22,7 @@ from datetime import timedelta
 
 import pytest
 
+from hpccomm.stores import free_port
 import hpccomm as dist
 from hpccomm import DistError, DistNetworkError, DistStoreError
 
@@ -31,12 +32,6 @@ HOST = "127.0.0.1"
 #: Keys the set/get check creates: key, key0, key1, key2, key3. torch expects one more
 #: in TCPStore and FileStore, their internal key; hpccomm's stores hide theirs.
 USER_KEYS = 5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def tcp_store(world_size=1, use_libuv=True, **kwargs):
