@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpccomm import collectives, init, work
-from hpccomm.bench import measure, size_plot, size_text
+from hpccomm.cli.bench import measure, size_plot, size_text
 
 from common import result, write_csv
 

@@ -6,10 +6,10 @@ Run it as a driver (what ``benchmarks/run_all.sh`` does; 2 and 4 ranks)::
 
 The driver never initializes MPI: it alternates ``--repeats`` pairs of jobs under
 ``--mpiexec`` (default: the one beside this Python), one after the other, and writes
-the merged results (:func:`hpccomm.bench.alternate`, :func:`hpccomm.bench.merge`). The
+the merged results (:func:`hpccomm.cli.bench.alternate`, :func:`hpccomm.cli.bench.merge`). The
 first job of a pair is this script under the launcher, with every variant below, at
 the MPI thread level hpccomm starts MPI at (:mod:`hpccomm.mpi_level`: multiple unless
-``HPCCOMM_MPI_THREAD_LEVEL`` says otherwise); the second is ``python -m hpccomm.bench --raw-only
+``HPCCOMM_MPI_THREAD_LEVEL`` says otherwise); the second is ``python -m hpccomm.cli.bench --raw-only
 --thread-level other``: mpi4py's blocking call alone at the other of MPI_THREAD_MULTIPLE
 and MPI_THREAD_SERIALIZED. Raw mpi4py at MULTIPLE is the ``mpi4py`` column, below it the
 ``mpi4py_serialized`` one (and ``hpccomm_over_mpi4py_serialized_bw``), whichever job
@@ -20,7 +20,7 @@ driver with ``--no-serialized``)::
 
     mpiexec -n 2 python benchmarks/collectives.py --out /tmp/bench_collectives_n2.csv
 
-The measurement itself is :mod:`hpccomm.bench` (what ``hpccomm bench`` runs): every
+The measurement itself is :mod:`hpccomm.cli.bench` (what ``hpccomm bench`` runs): every
 process initializes both hpccomm (MPI) and torch.distributed with the gloo backend, and
 for each operation and size the five variants (hpccomm sync and async+wait, mpi4py's
 blocking call, its nonblocking call + Wait, gloo) run in rounds, in a random order drawn
@@ -46,8 +46,8 @@ import warnings
 
 import numpy as np
 
-from hpccomm import bench
-from hpccomm.bench import DEFAULT_SIZES, OPS, VARIANTS, batch_time, init_gloo, run, size_text
+from hpccomm.cli import bench
+from hpccomm.cli.bench import DEFAULT_SIZES, OPS, VARIANTS, batch_time, init_gloo, run, size_text
 
 from common import result, write_csv
 
@@ -176,7 +176,7 @@ def driver(args):
         def first(r):  # the object collectives and the metadata: in the last pair only
             last = r == repeats - 1 and not args.no_objects
             return [HERE, *common, "--out", job_out, *([] if last else ["--no-objects"])]
-        second = ["-m", "hpccomm.bench", "--raw-only", "--thread-level", "other",
+        second = ["-m", "hpccomm.cli.bench", "--raw-only", "--thread-level", "other",
                   *common]
         launch = lambda words: [mpiexec, "-n", str(n), python, *words]  # noqa: E731
         if args.no_serialized:

@@ -7,7 +7,7 @@ Run under an MPI launcher; rank 0 writes the results into docs/results/::
 Raw mpi4py ``comm.Allreduce(IN_PLACE, a)`` in a loop, alone and with something done
 between two calls on every rank: a spin of 2 or 10 µs that touches no memory, or
 filling a private array of 16, 64 or 256 KiB (a few µs each, timed alone). The
-variants are interleaved in rounds (:func:`hpccomm.bench.measure`). The table gives each
+variants are interleaved in rounds (:func:`hpccomm.cli.bench.measure`). The table gives each
 variant's extra time per call over the bare loop and that extra divided by the work's
 own time: 1.0 when the work costs only itself.
 
@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List
 import numpy as np
 from mpi4py import MPI
 
-from hpccomm.bench import measure, size_plot, size_text
+from hpccomm.cli.bench import measure, size_plot, size_text
 
 from common import result, write_csv
 

@@ -5,7 +5,7 @@ Run under a launcher, once per rank count (``benchmarks/run_all.sh`` runs 2 and 
     mpiexec -n 2 python benchmarks/membw.py
 
 For each shared-memory operation and size, every rank at once runs the memory traffic
-that a zero-copy algorithm cannot avoid (:func:`hpccomm.bench.ceiling`: for all_reduce at
+that a zero-copy algorithm cannot avoid (:func:`hpccomm.cli.bench_cases.ceiling`: for all_reduce at
 two ranks, add the peer's half into mine, then copy the peer's other half in) with
 NumPy on private arrays and no synchronization; the time is the slowest rank's, the
 median of rounds. ``GB/s`` is the operation's size over that time, comparable with the
@@ -24,7 +24,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpccomm.bench import SHM_OPS, ceiling
+from hpccomm.cli.bench_cases import SHM_OPS, ceiling
 
 from common import read_csv, result, write_csv
 

@@ -22,7 +22,7 @@ DOCS = os.environ.get("BENCH_DOCS") or os.path.join(ROOT, "docs")
 OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
        "all_to_all_single", "send_recv"]
 VARIANTS = ["hpccomm", "hpccomm_async", "mpi4py", "mpi4py_nb", "gloo"]
-#: Measured for some operations only (see hpccomm.bench.SHM_VARIANTS), and mpi4py's
+#: Measured for some operations only (see hpccomm.cli.bench_cases.SHM_VARIANTS), and mpi4py's
 #: blocking call at MPI_THREAD_SERIALIZED (a second job; absent from older CSVs).
 SHM_VARIANTS = ["hpccomm_noshm", "hpccomm_window", "ceiling", "mpi4py_serialized"]
 LABELS = {"hpccomm": "hpccomm sync", "hpccomm_async": "hpccomm async+wait",

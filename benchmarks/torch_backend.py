@@ -15,7 +15,7 @@ variants run in the same processes on the same buffers (a NumPy array and the te
 * ``torch_hpccomm_async``  the same with ``async_op=True`` and ``wait()``
 * ``gloo``           ``torch.distributed.all_reduce(t, group=gloo)``
 
-Sizes 8 B to 64 MiB (float32). The measurement is :func:`hpccomm.bench.measure`: rounds
+Sizes 8 B to 64 MiB (float32). The measurement is :func:`hpccomm.cli.bench.measure`: rounds
 of one batch per variant in a random order drawn afresh each round (the same on every
 rank), each batch after a barrier; a sample is batch time / batch length, the maximum
 over ranks; reported are the median and the best round. gloo is measured the same way
@@ -52,7 +52,7 @@ from mpi4py import MPI
 import hpccomm.torch  # noqa: F401  (registers "hpccomm" and mpi://)
 from hpccomm import collectives as hpccomm_collectives
 from hpccomm import init as hpccomm_init
-from hpccomm.bench import DEFAULT_SIZES, measure, size_text
+from hpccomm.cli.bench import DEFAULT_SIZES, measure, size_text
 
 from common import result, write_csv
 

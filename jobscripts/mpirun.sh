@@ -27,10 +27,10 @@ ARGS=(-n "$NP")
 # (any MPI: HPCCOMM_NODES=2, for hpccomm's own decisions); `python -m hpccomm info`
 # under the same launcher shows the placement (docs/cluster.md).
 if [ -n "${HOSTFILE:-}" ]; then
-    ARGS+=("$(HPCCOMM_MPIEXEC="$MPIEXEC" "$PYTHON" -m hpccomm.launch hostfile-option)" "$HOSTFILE")
+    ARGS+=("$(HPCCOMM_MPIEXEC="$MPIEXEC" "$PYTHON" -m hpccomm.cli.launch hostfile-option)" "$HOSTFILE")
 fi
 
-# hpccomm._rank_env sets RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE on each rank and
+# hpccomm.cli.rank_env sets RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE on each rank and
 # aborts the whole job if one rank raises (HPCCOMM_NO_ABORT_ON_EXCEPTION=1 to opt out).
 # Equivalent: "$PYTHON" -m hpccomm run -n "$NP" "$PROGRAM" "$@"
-exec "$MPIEXEC" "${ARGS[@]}" "$PYTHON" -m hpccomm._rank_env "$PROGRAM" "$@"
+exec "$MPIEXEC" "${ARGS[@]}" "$PYTHON" -m hpccomm.cli.rank_env "$PROGRAM" "$@"

@@ -28,9 +28,9 @@ MPIEXEC=${HPCCOMM_MPIEXEC:-$(dirname "$(command -v "$PYTHON")")/mpiexec}
 # --hostfile; each binds a rank to a core with its own spelling of --bind-to.
 NP=$(wc -l < "${PBS_NODEFILE:?not inside a PBS job}")
 export OMP_NUM_THREADS=1
-case $(HPCCOMM_MPIEXEC="$MPIEXEC" "$PYTHON" -m hpccomm.launch flavour) in
+case $(HPCCOMM_MPIEXEC="$MPIEXEC" "$PYTHON" -m hpccomm.cli.launch flavour) in
     openmpi) PLACE=(--hostfile "$PBS_NODEFILE" --bind-to core) ;;
     *)       PLACE=(-f "$PBS_NODEFILE" -bind-to core) ;;
 esac
 
-"$MPIEXEC" -n "$NP" "${PLACE[@]}" "$PYTHON" -m hpccomm._rank_env "$PROGRAM" "$@"
+"$MPIEXEC" -n "$NP" "${PLACE[@]}" "$PYTHON" -m hpccomm.cli.rank_env "$PROGRAM" "$@"

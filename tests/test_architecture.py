@@ -202,6 +202,22 @@ def test_the_table_names_real_modules_and_known_layers():
     assert layer_of("observe", RULES) == "core" and layer_of(TOP, RULES) == "top"
 
 
+def test_the_top_level_holds_the_named_modules_and_the_layer_folders():
+    """A flat module or a folder at the top of hpccomm/ must be named in the table: the
+    top shows the public modules and the layers, and a tool lives in a tools folder."""
+    flat = {path.stem for path in PACKAGE.glob("*.py")} - {TOP}
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert not flat - set(RULES.modules), (
+        f"flat modules at the top of hpccomm/ that docs/architecture.md does not name: "
+        f"{sorted(flat - set(RULES.modules))}; a tool goes into a tools folder "
+        f"({', '.join(sorted(p for p, layer in RULES.packages.items() if layer == 'tools'))})")
+    assert not folders - set(RULES.packages), sorted(folders - set(RULES.packages))
+    # DeviceMesh and the command line are rooms of their own, public paths kept
+    assert {"device_mesh", "cli"} <= folders
+    tools_flat = {m for m, layer in RULES.modules.items() if layer == "tools"}
+    assert tools_flat == {"pytest_plugin", "trace", "__main__"}, tools_flat
+
+
 def test_the_dispatch_path_imports_no_diagnostic():
     graph = read_graph()
     for module in ("_call", "work", "init", "group", "observe"):

@@ -1,10 +1,10 @@
-"""hpccomm.bench's pieces for comparing MPI thread levels: the job plan, and one job's
+"""hpccomm.cli.bench's pieces for comparing MPI thread levels: the job plan, and one job's
 samples under MPI (structure only: no timing is asserted)."""
 import json
 
 import pytest
 
-from hpccomm import bench
+from hpccomm.cli import bench
 
 
 def test_every_job_after_the_first_reuses_its_batch_lengths():

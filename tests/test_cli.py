@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpccomm import _launcher_env, _rank_env, cli, excepthook, launch
+from hpccomm import _launcher_env, cli, excepthook
+from hpccomm.cli import launch, rank_env
 from launcher_env import mpiexec, without_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +142,7 @@ def test_exception_after_init_aborts_every_rank(tmp_path):
     assert "hpccomm: uncaught exception on rank 1 of 3:" in result.stderr
     assert "ZeroDivisionError: rank one divides by zero" in result.stderr
     assert f'File "{script}", line 5' in result.stderr
-    assert "_rank_env.py" not in result.stderr  # the bootstrap's frames are trimmed
+    assert "rank_env.py" not in result.stderr  # the bootstrap's frames are trimmed
 
 
 def test_exception_before_mpi_init_ends_the_job(tmp_path):
@@ -224,13 +225,13 @@ def test_dry_run_builds_mpiexec_command_without_importing_mpi():
     words = command.split()
     assert os.path.basename(words[0]) in ("mpiexec", "mpirun")
     assert words[1:5] == ["-n", "4", "-ppn", "2"]
-    assert words[5:] == [sys.executable, "-m", "hpccomm._rank_env", "train.py", "--epochs", "3"]
+    assert words[5:] == [sys.executable, "-m", "hpccomm.cli.rank_env", "train.py", "--epochs", "3"]
     assert marker == "MPI-NOT-IMPORTED 0"
 
 
 def test_run_torch_bootstraps_torch_before_the_target(capsys):
     assert cli.main(["run", "--dry-run", "--torch", "-n", "2", "x.py", "-a"]) == 0
-    assert capsys.readouterr().out.split()[-5:] == ["-m", "hpccomm._rank_env", "--torch",
+    assert capsys.readouterr().out.split()[-5:] == ["-m", "hpccomm.cli.rank_env", "--torch",
                                                     "x.py", "-a"]
     assert cli.main(["run", "--dry-run", "-n", "2", "x.py"]) == 0
     assert "--torch" not in capsys.readouterr().out
@@ -238,7 +239,7 @@ def test_run_torch_bootstraps_torch_before_the_target(capsys):
 
 def test_torch_master_keeps_what_the_user_set():
     given = {"MASTER_ADDR": "node7", "MASTER_PORT": "1234"}
-    assert _rank_env.torch_master(given) == given  # both set: no MPI needed
+    assert rank_env.torch_master(given) == given  # both set: no MPI needed
 
 
 def test_auto_picks_srun_inside_an_allocation(tmp_path):
@@ -254,7 +255,7 @@ def test_auto_picks_srun_inside_an_allocation(tmp_path):
     vendor = _mpi_facts()["vendor"]  # the plugin matches the library mpi4py loads here
     assert f"--mpi={'pmix' if vendor == 'Open MPI' else 'pmi2'}" in command, (vendor, command)
     assert "-n" not in command  # srun takes the allocation's task count
-    assert command[-5:] == [sys.executable, "-m", "hpccomm._rank_env", "app.py", "-v"]
+    assert command[-5:] == [sys.executable, "-m", "hpccomm.cli.rank_env", "app.py", "-v"]
     assert command[command.index("--cpu-bind=cores") + 1] == sys.executable
     explicit = launch.build_command(["app.py"], nprocs=8, env=env, launcher_args=["--mpi=pmix"])
     assert sum(arg.startswith("--mpi") for arg in explicit) == 1
@@ -304,7 +305,7 @@ def test_bench_options_are_checked_before_starting_ranks():
     assert dry.returncode == 0, dry.stderr
     words = dry.stdout.split()
     assert words[1:3] == ["-n", "4"] and words[-7:] == [
-        "hpccomm.bench", "--ops", "all", "--sizes", "8,2M", "--budget", "0.5"]
+        "hpccomm.cli.bench", "--ops", "all", "--sizes", "8,2M", "--budget", "0.5"]
     # by default: a job of every variant, then one of mpi4py alone at SERIALIZED, which
     # reuses the first's batch lengths (the first pair of --repeats is shown)
     dry = hpccomm("bench", "--dry-run", "-n", "4", "--sizes", "8", "--budget", "0.6",
@@ -322,7 +323,7 @@ def test_bench_options_are_checked_before_starting_ranks():
 
 
 def test_bench_merges_the_jobs_of_both_thread_levels():
-    from hpccomm.bench import SERIALIZED, format_row, merge
+    from hpccomm.cli.bench import SERIALIZED, format_row, merge
 
     def job(variants, samples, level):
         return dict(ranks=2, thread_level=level, raw_only=variants == ["mpi4py"],
@@ -348,7 +349,7 @@ def test_bench_merges_the_jobs_of_both_thread_levels():
 
 
 def test_bench_sizes_read_like_nccl_tests():
-    from hpccomm.bench import parse_size, size_text
+    from hpccomm.cli.bench import parse_size, size_text
 
     assert [parse_size(s) for s in ("8", "4K", "4KiB", "2M", "2MB", "1G")] == [
         8, 4096, 4096, 2 << 20, 2 << 20, 1 << 30]
@@ -359,20 +360,20 @@ def test_bench_sizes_read_like_nccl_tests():
 # -- the per-rank bootstrap -------------------------------------------------------------
 def test_torchrun_env_from_each_launcher(capsys):
     hydra = {"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}
-    assert _rank_env.torchrun_env(hydra) == {"RANK": "3", "WORLD_SIZE": "8",
+    assert rank_env.torchrun_env(hydra) == {"RANK": "3", "WORLD_SIZE": "8",
                                              "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
     ompi = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "6",
             "OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}
-    assert _rank_env.torchrun_env(ompi)["LOCAL_WORLD_SIZE"] == "3"
+    assert rank_env.torchrun_env(ompi)["LOCAL_WORLD_SIZE"] == "3"
     slurm = {"SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0",
              "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "3(x2),1"}
-    assert _rank_env.torchrun_env(slurm) == {"RANK": "6", "WORLD_SIZE": "7",
+    assert rank_env.torchrun_env(slurm) == {"RANK": "6", "WORLD_SIZE": "7",
                                              "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
     assert _launcher_env.slurm_tasks_on_node({"SLURM_TASKS_PER_NODE": "2(x3)",
                                           "SLURM_NODEID": "1"}) == 2
-    assert _rank_env.torchrun_env({}) == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+    assert rank_env.torchrun_env({}) == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                                           "LOCAL_WORLD_SIZE": "1"}
-    no_local = _rank_env.torchrun_env({"PMIX_RANK": "1", "PMIX_SIZE": "2"})
+    no_local = rank_env.torchrun_env({"PMIX_RANK": "1", "PMIX_SIZE": "2"})
     assert no_local["LOCAL_RANK"] == "1" and "assuming one node" in capsys.readouterr().err
 
 
@@ -455,7 +456,7 @@ def test_info_under_a_launcher_prints_the_job_from_rank_0():
 
 
 def test_info_differences_name_changed_and_missing_keys():
-    from hpccomm import info
+    from hpccomm.cli import info
 
     base = {"MPI": {"world": "rank 0 of 2", "vendor": "X"}, "h5py": {"h5py": "3"}}
     other = {"MPI": {"world": "rank 1 of 2", "vendor": "X"}, "h5py": {}}
@@ -465,7 +466,7 @@ def test_info_differences_name_changed_and_missing_keys():
 
 
 def test_info_without_mpi_does_not_initialize_it():
-    code = ("import sys, io, contextlib\nfrom hpccomm import info\n"
+    code = ("import sys, io, contextlib\nfrom hpccomm.cli import info\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    info.main(mpi=False)\n"
             "print('mpi4py.MPI' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -484,4 +485,4 @@ def test_console_script_is_declared_and_works():
         pytest.skip("hpccomm is not pip-installed in this environment (no console script)")
     result = subprocess.run([str(script), "run", "--dry-run", "-n", "2", "a.py"],
                             capture_output=True, text=True, timeout=60, env=_env())
-    assert result.returncode == 0 and "hpccomm._rank_env a.py" in result.stdout
+    assert result.returncode == 0 and "hpccomm.cli.rank_env a.py" in result.stdout

@@ -7,7 +7,7 @@ Serial tests (no MPI). The vectors are those torch checks for its own CuTe layou
 import numpy as np
 import pytest
 
-from hpccomm import _mesh_layout as L
+from hpccomm.device_mesh import layout as L
 
 
 def test_coalesce_merges_continuing_pairs_and_drops_size_one():

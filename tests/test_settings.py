@@ -132,7 +132,7 @@ def test_overridden_sets_the_variable_for_a_block_only(monkeypatch):
 
 # -- what users see: hpccomm info and the docs table ------------------------------------------
 def test_info_lists_every_setting_hides_secrets_and_names_typos(monkeypatch):
-    from hpccomm import info
+    from hpccomm.cli import info
 
     monkeypatch.setenv("HPCCOMM_SHM", "0")
     monkeypatch.setenv("HPCCOMM_STORE_TOKEN", "sesame")

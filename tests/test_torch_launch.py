@@ -132,7 +132,7 @@ def test_ddp_job_script_is_valid_bash():
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     with open(script) as f:
         text = f.read()
-    assert "examples/torch_ddp.py" in text and "hpccomm._rank_env" in text
+    assert "examples/torch_ddp.py" in text and "hpccomm.cli.rank_env" in text
 
 
 # -- under Slurm ---------------------------------------------------------------------------------

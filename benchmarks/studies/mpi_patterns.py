@@ -6,7 +6,7 @@ Run under the MPI library to measure, on 2 ranks (one per core)::
         --csv docs/results/bench_patterns_openmpi.csv
 
 For each operation and size these variants run interleaved in ONE job, on the same
-buffers, as :func:`hpccomm.bench.measure` does (rounds in a fresh random order, maximum
+buffers, as :func:`hpccomm.cli.bench.measure` does (rounds in a fresh random order, maximum
 over ranks, median over rounds):
 
 * ``raw``       mpi4py's blocking call (``comm.Allreduce``): the floor
@@ -34,7 +34,7 @@ from mpi4py import MPI
 import hpccomm as dist
 from hpccomm.backends.mpi import communicator as mpi_backend
 from hpccomm.backends.mpi import gate as mpi_gate
-from hpccomm.bench import DEFAULT_SIZES, measure, parse_size, size_text
+from hpccomm.cli.bench import DEFAULT_SIZES, measure, parse_size, size_text
 
 OPS = ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor",
        "reduce_scatter_tensor", "all_to_all_single"]

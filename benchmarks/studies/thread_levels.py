@@ -10,11 +10,11 @@ whose mpi4py uses it (the driver itself never initializes MPI)::
         benchmarks/studies/thread_levels.py openmpi     # + Open MPI's root/oversubscribe env
     python benchmarks/studies/thread_levels.py --summary   # the table of every CSV
 
-Each job is ``python -m hpccomm.bench --raw-only --thread-level LEVEL`` under
+Each job is ``python -m hpccomm.cli.bench --raw-only --thread-level LEVEL`` under
 ``--mpiexec`` (default: the one beside this Python), ``-n 2``: mpi4py's blocking
 ``Allreduce``, ``Bcast``, ``Allgather``, ``Reduce_scatter_block``, ``Alltoall`` and a
 ``Send``/``Recv`` ping-pong (half the round trip) on float32 buffers, sizes as
-nccl-tests count them (:mod:`hpccomm.bench`). ``--repeats`` rounds of one job per level
+nccl-tests count them (:mod:`hpccomm.cli.bench`). ``--repeats`` rounds of one job per level
 (single, funneled, serialized, multiple), in a random order drawn afresh each round;
 every job uses the first job's batch lengths and measures ``--budget`` seconds per
 (operation, size). Per level the median and the best over the rounds of all its jobs
@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import RESULTS, read_csv, result, write_csv  # noqa: E402
 
-from hpccomm import bench  # noqa: E402  (light: no MPI in this process)
+from hpccomm.cli import bench  # noqa: E402  (light: no MPI in this process)
 
 LEVELS = list(bench.THREAD_LEVELS)  # single, funneled, serialized, multiple
 SIZES = "8,1K,16K,64K,256K,1M"
@@ -56,7 +56,7 @@ def measure(lib: str, args: argparse.Namespace) -> list:
     order = np.random.default_rng(seed=8)
 
     def words(level: str) -> list:
-        return ["-m", "hpccomm.bench", "--raw-only", "--thread-level", level, "--ops",
+        return ["-m", "hpccomm.cli.bench", "--raw-only", "--thread-level", level, "--ops",
                 args.ops, "--sizes", args.sizes, "--budget", f"{args.budget:g}"]
 
     def launch(target: list) -> list:

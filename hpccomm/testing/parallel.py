@@ -6,7 +6,7 @@ The marker is firedrake's (mpi-pytest): ``nprocs`` is a size or a list of sizes
 * Under a launcher (``mpiexec -n N pytest``): the items of size N run, the others are
   skipped ("needs k ranks").
 * From a serial ``pytest``: the items of each size k run in one job, started the way
-  ``hpccomm run`` starts one (:func:`hpccomm.launch.build_command`: mpiexec, or srun in
+  ``hpccomm run`` starts one (:func:`hpccomm.cli.launch.build_command`: mpiexec, or srun in
   a Slurm allocation), with ``--hpccomm-lockstep`` so that the ranks agree on each
   outcome; rank 0 writes the outcomes (``--hpccomm-results``) and this process
   reports them as its own items, exit status included. The job's time limit is the
@@ -106,7 +106,7 @@ class Launcher:
         return _reports(item, found)
 
     def _command(self, size: int, nodeids: List[str], results: str) -> List[str]:
-        from .. import launch
+        from ..cli import launch
 
         config = self.config
         args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--hpccomm-lockstep",
@@ -128,7 +128,7 @@ class Launcher:
         """Run ``items`` in a job of ``size`` ranks; their outcomes go to
         :attr:`results`. Returns what to say of an item the job did not report; a job
         that hung after reporting them all is a warning on ``current``."""
-        from ..launch import LaunchError
+        from ..cli.launch import LaunchError
 
         results = os.path.join(self.workdir, f"n{size}.jsonl")
         output = os.path.join(self.workdir, f"n{size}.out")

@@ -485,7 +485,7 @@ def test_flatten_mesh_1d(dist, size, mesh_mod):
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.filterwarnings("ignore:Slicing a flattened dim")  # torch warns here too
 def test_flatten_mesh_3d(dist, rank, size, mesh_mod, mesh_shape):
-    from hpccomm import _mesh_layout
+    from hpccomm.device_mesh import layout as _mesh_layout
     from hpccomm.group import registry
     shape = mesh_shape(3)
     mesh_3d = mesh_mod.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "cp", "tp"))

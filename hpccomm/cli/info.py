@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, List
 
-from . import mpi_level, settings
+from .. import mpi_level, settings
 
 Section = Dict[str, Any]
 
@@ -46,7 +46,7 @@ def _guard(probe: Callable[[], Section]) -> Section:
 
 
 def hpccomm_section() -> Section:
-    from ._version import __version__
+    from .._version import __version__
 
     return {"version": __version__, "location": os.path.dirname(os.path.abspath(__file__))}
 
@@ -99,8 +99,8 @@ def placement_section() -> Section:
     world: under a launcher every rank must run ``hpccomm info``)."""
     from mpi4py import MPI
 
-    from .backends.mpi import ft as mpi_ft, placement
-    from .backends.shm import communicator as shm
+    from ..backends.mpi import ft as mpi_ft, placement
+    from ..backends.shm import communicator as shm
 
     where = placement.placement(MPI.COMM_WORLD)
     world = MPI.COMM_WORLD.Get_size()
@@ -125,7 +125,7 @@ def placement_section() -> Section:
 
 def _gated(vendor: str) -> str:
     """Which synchronous collectives use gated blocking calls, from which size."""
-    from .backends.mpi import gate as mpi_gate
+    from ..backends.mpi import gate as mpi_gate
 
     table = mpi_gate.gated_from(vendor)
     limits = {op: table[call] for op, call in mpi_gate.CALLS.items()

@@ -2,7 +2,7 @@
 
 Run under a launcher (``hpccomm bench -n 2`` does it), one process per rank::
 
-    mpiexec -n 2 python -m hpccomm.bench --ops all_reduce --sizes 8,1M
+    mpiexec -n 2 python -m hpccomm.cli.bench --ops all_reduce --sizes 8,1M
 
 For each operation and size the variants run interleaved in ONE job, on the same NumPy
 buffers: rounds of one batch per variant, in a random order drawn afresh each round (the
@@ -50,7 +50,7 @@ as in one job. Raw mpi4py's samples go by their job's level:
 with the ratios ``hpccomm_over_mpi4py_serialized_bw`` and
 ``mpi4py_over_mpi4py_serialized_bw`` (its time over hpccomm's, over mpi4py's at
 MPI_THREAD_MULTIPLE). ``--no-serialized`` runs the single job alone, as does a launcher
-started by hand (``mpiexec ... python -m hpccomm.bench``).
+started by hand (``mpiexec ... python -m hpccomm.cli.bench``).
 """
 from __future__ import annotations
 
@@ -66,206 +66,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import mpi_level, settings
-from .stores.ports import free_port
-
-KiB, MiB = 1024, 1024 * 1024
-DEFAULT_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
-                 16 * MiB, 64 * MiB]
-OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
-       "all_to_all_single", "send_recv"]
-VARIANTS = ["hpccomm", "hpccomm_async", "mpi4py", "mpi4py_nb", "gloo"]
-SHM_VARIANTS = ["hpccomm_noshm", "hpccomm_window", "ceiling"]
-#: Operations that hpccomm runs through shared memory on one node.
-SHM_OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
-#: nccl-tests' bus-bandwidth factors, by group size ``n``.
-BUS_FACTOR: Dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "all_gather_into_tensor": lambda n: (n - 1) / n,
-    "reduce_scatter_tensor": lambda n: (n - 1) / n,
-    "all_to_all_single": lambda n: (n - 1) / n,
-    "send_recv": lambda n: 1.0,
-}
-
-
-def init_gloo(comm: Any) -> Any:
-    """``torch.distributed`` on gloo over loopback TCP, port chosen by rank 0."""
-    import torch
-    import torch.distributed as td
-
-    torch.set_num_threads(1)
-    port = None
-    if comm.rank == 0:
-        port = free_port("127.0.0.1")
-    port = comm.bcast(port, root=0)
-    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                          rank=comm.rank, world_size=comm.size)
-    return td
-
-
-def make_case(op: str, nbytes: int, comm: Any, td: Any = None, plain: Any = None,
-              arena: Optional[np.ndarray] = None
-              ) -> Tuple[int, Dict[str, Callable[[], Any]], Any]:
-    """``(bytes, {variant: one operation}, buffers to keep)`` for ``op`` at ``nbytes``.
-
-    Every variant works on the same NumPy buffers; gloo on ``torch.from_numpy`` views.
-    ``plain`` (a group made with ``HPCCOMM_SHM=0``) adds ``hpccomm_noshm``; ``arena`` (a
-    float32 array from ``hpccomm.shm.empty``, at least twice the size) adds
-    ``hpccomm_window`` and ``ceiling`` for the shared-memory operations.
-    """
-    from mpi4py import MPI
-
-    from . import collectives, p2p
-
-    n, rank = comm.size, comm.rank
-    in_place = MPI.IN_PLACE
-    count = max(1, nbytes // 4)
-    if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
-        count = -(-count // n) * n
-    fns: Dict[str, Callable[[], Any]] = {}
-    view = _torch_view if td is not None else (lambda a: None)
-    if op == "all_reduce":
-        a = np.zeros(count, np.float32)
-        t = view(a)
-        fns["hpccomm"] = lambda: collectives.all_reduce(a)
-        fns["hpccomm_async"] = lambda: collectives.all_reduce(a, async_op=True).wait()
-        fns["mpi4py"] = lambda: comm.Allreduce(in_place, a)
-        fns["mpi4py_nb"] = lambda: comm.Iallreduce(in_place, a).Wait()
-        fns["gloo"] = lambda: td.all_reduce(t)
-        fns["hpccomm_noshm"] = lambda: collectives.all_reduce(a, group=plain)
-        if arena is not None:
-            w = arena[:count]
-            w[...] = 0
-            fns["hpccomm_window"] = lambda: collectives.all_reduce(w)
-        keep: Any = (a, t)
-    elif op == "broadcast":
-        a = np.zeros(count, np.float32)
-        t = view(a)
-        fns["hpccomm"] = lambda: collectives.broadcast(a, 0)
-        fns["hpccomm_async"] = lambda: collectives.broadcast(a, 0, async_op=True).wait()
-        fns["mpi4py"] = lambda: comm.Bcast(a, 0)
-        fns["mpi4py_nb"] = lambda: comm.Ibcast(a, 0).Wait()
-        fns["gloo"] = lambda: td.broadcast(t, 0)
-        fns["hpccomm_noshm"] = lambda: collectives.broadcast(a, 0, group=plain)
-        if arena is not None:
-            w = arena[:count]
-            w[...] = 0
-            fns["hpccomm_window"] = lambda: collectives.broadcast(w, 0)
-        keep = (a, t)
-    elif op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
-        big, small = np.zeros(count, np.float32), np.zeros(count // n, np.float32)
-        if op == "all_gather_into_tensor":
-            out, inp = big, small
-            hp, raw, rawnb = (collectives.all_gather_into_tensor, comm.Allgather, comm.Iallgather)
-            mpi_args = (inp, out)
-        elif op == "reduce_scatter_tensor":
-            out, inp = small, big
-            hp, raw, rawnb = (collectives.reduce_scatter_tensor, comm.Reduce_scatter_block,
-                              comm.Ireduce_scatter_block)
-            mpi_args = (inp, out)
-        else:
-            out, inp = big, np.zeros(count, np.float32)
-            hp, raw, rawnb = collectives.all_to_all_single, comm.Alltoall, comm.Ialltoall
-            mpi_args = (inp, out)
-        tout, tinp = view(out), view(inp)
-        fns["hpccomm"] = lambda: hp(out, inp)
-        fns["hpccomm_async"] = lambda: hp(out, inp, async_op=True).wait()
-        fns["mpi4py"] = lambda: raw(*mpi_args)
-        fns["mpi4py_nb"] = lambda: rawnb(*mpi_args).Wait()
-        fns["gloo"] = lambda: getattr(td, op)(tout, tinp)
-        fns["hpccomm_noshm"] = lambda: hp(out, inp, group=plain)
-        if arena is not None and op != "all_to_all_single":
-            wout, winp = arena[:out.size], arena[out.size:out.size + inp.size]
-            wout[...], winp[...] = 0, 0
-            fns["hpccomm_window"] = lambda: hp(wout, winp)
-        keep = (out, inp, tout, tinp)
-    elif op == "send_recv":
-        a = np.zeros(count, np.float32)
-        t = view(a)
-        fns.update(_ping_pong(p2p, comm, td, a, t, rank, n, plain))
-        keep = (a, t)
-    else:
-        raise ValueError(f"unknown operation {op!r}; choose from {', '.join(OPS)}")
-    if plain is None:
-        fns.pop("hpccomm_noshm", None)
-    if op in SHM_OPS and arena is not None:
-        fns["ceiling"], bound = ceiling(op, count, n, rank)
-        keep = (keep, bound)
-    return count * 4, fns, keep
-
-
-def ceiling(op: str, count: int, n: int, rank: int) -> Tuple[Callable[[], Any], Any]:
-    """``(one operation, buffers)``: the memory traffic of ``op`` on ``count`` float32
-    elements that reading the peers' arrays in place cannot avoid, done by NumPy on this
-    rank's private arrays (stand-ins for the ``n - 1`` peers' ones) with no
-    synchronization. Every rank runs it at once, so it is the bound of a shared-memory
-    algorithm on this machine:
-
-    * all_reduce: reduce my part from ``n`` inputs, copy the ``n - 1`` other parts in;
-    * reduce_scatter_tensor: reduce my part from ``n`` inputs into the output;
-    * all_gather_into_tensor: copy the ``n - 1`` other blocks in;
-    * broadcast: copy the whole buffer in (the root does nothing; the slowest rank counts).
-    """
-    part = count // n
-    mine = slice(rank * part, (rank + 1) * part)
-    others = [slice(q * part, (q + 1) * part) for q in range(n) if q != rank]
-    own = np.zeros(count, np.float32)
-    peers = [np.zeros(count, np.float32) for _ in range(n - 1)]
-    if op == "all_reduce":
-        def run() -> None:
-            target = own[mine]
-            for peer in peers:
-                np.add(target, peer[mine], out=target)
-            for peer, where in zip(peers, others):
-                np.copyto(own[where], peer[where])
-    elif op == "reduce_scatter_tensor":
-        out = np.zeros(part, np.float32)
-
-        def run() -> None:
-            np.add(own[mine], peers[0][mine], out=out)
-            for peer in peers[1:]:
-                np.add(out, peer[mine], out=out)
-        return run, (own, peers, out)
-    elif op == "all_gather_into_tensor":
-        def run() -> None:
-            for peer, where in zip(peers, others):
-                np.copyto(own[where], peer[where])
-    else:  # broadcast
-        def run() -> None:
-            if rank != 0:
-                np.copyto(own, peers[0])
-    return run, (own, peers)
-
-
-def _torch_view(a: np.ndarray) -> Any:
-    import torch
-
-    return torch.from_numpy(a)
-
-
-def _ping_pong(p2p: Any, comm: Any, td: Any, a: np.ndarray, t: Any, rank: int,
-               n: int, plain: Any = None) -> Dict[str, Callable[[], Any]]:
-    """Send then receive (even ranks) or receive then send (odd), with rank ^ 1."""
-    peer = rank ^ 1
-    if peer >= n:  # an odd last rank idles
-        return {v: (lambda: None) for v in VARIANTS + SHM_VARIANTS}
-    pairs = {
-        "hpccomm": (lambda: p2p.send(a, peer), lambda: p2p.recv(a, peer)),
-        "hpccomm_async": (lambda: p2p.isend(a, peer).wait(),
-                          lambda: p2p.irecv(a, peer).wait()),
-        "mpi4py": (lambda: comm.Send(a, peer), lambda: comm.Recv(a, peer)),
-        "mpi4py_nb": (lambda: comm.Isend(a, peer).Wait(), lambda: comm.Irecv(a, peer).Wait()),
-        "gloo": (lambda: td.send(t, peer), lambda: td.recv(t, peer)),
-        "hpccomm_noshm": (lambda: p2p.send(a, peer, group=plain),
-                          lambda: p2p.recv(a, peer, group=plain)),
-    }
-
-    def round_trip(send: Callable[[], Any], recv: Callable[[], Any]) -> Callable[[], Any]:
-        if rank % 2 == 0:
-            return lambda: (send(), recv())
-        return lambda: (recv(), send())
-    return {v: round_trip(*pair) for v, pair in pairs.items()}
+from .. import mpi_level, settings
+from .bench_cases import (BUS_FACTOR, DEFAULT_SIZES, OPS, SHM_OPS, SHM_VARIANTS, VARIANTS, KiB,
+                          MiB, init_gloo, make_case)
 
 
 def batch_time(comm: Any, fn: Callable[[], Any], inner: int) -> float:
@@ -393,7 +196,7 @@ def run(ops: Sequence[str], sizes: Sequence[int], td: Any = None, budget: float 
     """
     from mpi4py import MPI
 
-    from .init import init_process_group, is_initialized
+    from ..init import init_process_group, is_initialized
 
     if not raw_only and not is_initialized():
         init_process_group()
@@ -476,7 +279,7 @@ def write_job(path: str, comm: Any, cells: List[Dict[str, Any]], raw_only: bool)
     """Rank 0 writes one job's raw samples (JSON) for :func:`merge`."""
     from mpi4py import MPI
 
-    from ._version import __version__
+    from .._version import __version__
 
     if comm.rank != 0:
         return
@@ -551,7 +354,7 @@ def job_commands(jobs: Sequence[Tuple[str, Sequence[str]]], folder: str,
                  ) -> List[Tuple[str, List[str], str]]:
     """``(label, command, samples file)`` of each ``(label, words)`` job, in order:
     ``words`` is a job that takes ``--samples-out`` and ``--inner-from`` (``-m
-    hpccomm.bench ...``); every job after the first reuses the first's batch lengths, so
+    hpccomm.cli.bench ...``); every job after the first reuses the first's batch lengths, so
     all jobs pay the same barrier skew."""
     out = []
     calibrated = os.path.join(folder, "job0.json")
@@ -613,8 +416,8 @@ def shm_setup(comm: Any, ops: Sequence[str], sizes: Sequence[int]
     """``(group of every rank with HPCCOMM_SHM=0, float32 array in shared memory)``; the
     array is ``None`` when the default group does not use shared memory (several nodes,
     or ``HPCCOMM_SHM=0``). One array serves every case, so it is allocated once."""
-    from . import shm
-    from .group import new_group
+    from .. import shm
+    from ..group import new_group
 
     with settings.SHM.overridden("0"):
         plain = new_group(list(range(comm.size)))
@@ -665,7 +468,7 @@ def header(gloo: bool) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The options of ``hpccomm bench`` / ``python -m hpccomm.bench``."""
+    """The options of ``hpccomm bench`` / ``python -m hpccomm.cli.bench``."""
     p = argparse.ArgumentParser(
         prog="hpccomm bench", description="hpccomm against raw mpi4py (and torch gloo) on "
                                           "the same buffers, interleaved in one job.")
@@ -706,10 +509,10 @@ def options(args: argparse.Namespace) -> Tuple[List[str], List[int]]:
 
 
 def job_words(args: argparse.Namespace, raw_only: bool = False) -> List[str]:
-    """``-m hpccomm.bench`` and the options of one job of the alternation (each job
+    """``-m hpccomm.cli.bench`` and the options of one job of the alternation (each job
     measures for ``budget / repeats``)."""
     budget = args.budget / max(1, args.repeats)
-    words = ["-m", "hpccomm.bench", "--ops", args.ops, "--sizes", args.sizes,
+    words = ["-m", "hpccomm.cli.bench", "--ops", args.ops, "--sizes", args.sizes,
              "--budget", f"{budget:g}"]
     if raw_only:
         return words + ["--raw-only", "--thread-level", "other"]
@@ -758,8 +561,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         mpi_level.prepare()  # the level hpccomm starts MPI at
     from mpi4py import MPI
 
-    from ._version import __version__
-    from .init import destroy_process_group, init_process_group
+    from .._version import __version__
+    from ..init import destroy_process_group, init_process_group
 
     rank = MPI.COMM_WORLD.rank
     if MPI.COMM_WORLD.size < 2:

@@ -1,12 +1,12 @@
 """Building the launcher command of ``hpccomm run`` (mpiexec or srun), without MPI.
 
 The launcher process never initializes MPI: it only chooses a launcher, finds it, and
-builds ``LAUNCHER -n N [launcher args] python -m hpccomm._rank_env TARGET ARGS``. Inside
+builds ``LAUNCHER -n N [launcher args] python -m hpccomm.cli.rank_env TARGET ARGS``. Inside
 a Slurm allocation (``SLURM_JOB_ID`` set and ``srun`` on ``PATH``) ``auto`` means
 ``srun``, elsewhere ``mpiexec``. ``-n N`` and the launcher's own arguments mean the same
 to every mpiexec (Hydra's of MPICH and Intel MPI, Open MPI's mpirun/prterun); where
 their options differ (a host file: ``-f`` or ``--hostfile``), :func:`mpiexec_flavour`
-tells them apart. ``python -m hpccomm.launch srun-mpi|mpiexec|flavour|hostfile-option``
+tells them apart. ``python -m hpccomm.cli.launch srun-mpi|mpiexec|flavour|hostfile-option``
 prints these answers for job scripts.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import List, Mapping, Optional, Sequence
 
-from . import settings
+from .. import settings
 
 LAUNCHERS = ("auto", "mpiexec", "srun")
 
@@ -123,7 +123,7 @@ def build_command(target: Sequence[str], nprocs: Optional[int] = None, launcher:
     if nprocs is not None and nprocs < 1:
         raise LaunchError(f"-n must be at least 1, got {nprocs}")
     kind = choose_launcher(launcher, env)
-    bootstrap = [python or sys.executable, "-m", "hpccomm._rank_env",
+    bootstrap = [python or sys.executable, "-m", "hpccomm.cli.rank_env",
                  *(["--torch"] if torch else []), *target]
     if kind == "mpiexec":
         if nprocs is None:
@@ -139,7 +139,7 @@ def build_command(target: Sequence[str], nprocs: Optional[int] = None, launcher:
 
 
 def _main(argv: Sequence[str]) -> int:
-    """``python -m hpccomm.launch QUESTION``: one answer per line, for job scripts."""
+    """``python -m hpccomm.cli.launch QUESTION``: one answer per line, for job scripts."""
     answers = {
         "srun-mpi": lambda: srun_mpi_plugin() or "",
         "mpiexec": find_mpiexec,
@@ -148,12 +148,12 @@ def _main(argv: Sequence[str]) -> int:
                                                        "--hostfile"),
     }
     if len(argv) != 1 or argv[0] not in answers:
-        sys.stderr.write(f"usage: python -m hpccomm.launch {{{'|'.join(answers)}}}\n")
+        sys.stderr.write(f"usage: python -m hpccomm.cli.launch {{{'|'.join(answers)}}}\n")
         return 2
     try:
         print(answers[argv[0]]())
     except LaunchError as exc:
-        sys.stderr.write(f"hpccomm.launch: {exc}\n")
+        sys.stderr.write(f"hpccomm.cli.launch: {exc}\n")
         return 1
     return 0
 

@@ -1,6 +1,6 @@
 """Per-rank bootstrap of ``hpccomm run``: torchrun's variables, abort hook, then the script.
 
-``hpccomm run`` starts ``python -m hpccomm._rank_env [-m] TARGET ARGS...`` under the
+``hpccomm run`` starts ``python -m hpccomm.cli.rank_env [-m] TARGET ARGS...`` under the
 launcher. On each rank this module reads the launcher's own variables (hydra's
 ``PMI_RANK``/``MPI_LOCALRANKID``, Open MPI's ``OMPI_COMM_WORLD_*``, Slurm's
 ``SLURM_PROCID``/``SLURM_LOCALID``...: :mod:`hpccomm._launcher_env`), sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
@@ -21,8 +21,8 @@ import socket
 import sys
 from typing import Dict, List, Mapping, Optional
 
-from ._launcher_env import launcher_local_rank, launcher_rank
-from .stores.ports import free_port
+from .._launcher_env import launcher_local_rank, launcher_rank
+from ..stores.ports import free_port
 
 
 def torchrun_env(env: Mapping[str, str]) -> Dict[str, str]:
@@ -58,8 +58,8 @@ def torch_master(env: Mapping[str, str]) -> Dict[str, str]:
         return given
     import numpy as np
 
-    from .backends.mpi import plumbing as mpi
-    from .types import default_pg_timeout
+    from ..backends.mpi import plumbing as mpi
+    from ..types import default_pg_timeout
 
     world = mpi.world()
     mine = np.zeros(_HOST_BYTES + 8, dtype=np.uint8)
@@ -80,12 +80,12 @@ def run_target(argv: List[str]) -> None:
     """Run ``argv`` = ``[script, args...]`` or ``["-m", module, args...]`` as ``__main__``."""
     if argv and argv[0] == "-m":
         if len(argv) < 2:
-            raise SystemExit("hpccomm._rank_env: -m needs a module name")
+            raise SystemExit("hpccomm.cli.rank_env: -m needs a module name")
         sys.argv = [argv[1], *argv[2:]]  # sys.path[0] is already the cwd, as for -m
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         return
     if not argv:
-        raise SystemExit("usage: python -m hpccomm._rank_env [-m module | script.py] [args...]")
+        raise SystemExit("usage: python -m hpccomm.cli.rank_env [-m module | script.py] [args...]")
     script = argv[0]
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as ``python script.py``
@@ -104,7 +104,7 @@ def _user_traceback(exc: BaseException):
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Set the variables, install the abort hook, run the target; errors go to the hook."""
-    from .diagnostics import excepthook
+    from ..diagnostics import excepthook
 
     args = list(sys.argv[1:] if argv is None else argv)
     with_torch = bool(args) and args[0] == "--torch"

@@ -1,15 +1,7 @@
-"""DeviceMesh: torch's n-dimensional arrangement of ranks, on MPI Cartesian topologies.
+"""``DeviceMesh`` and ``init_device_mesh``: the mesh itself, its dimensions and groups.
 
-A root mesh keeps its global ranks as one flat *rank map*; each mesh dimension (sliced,
-flattened or unflattened) is a layout over positions in it (see :mod:`._mesh_layout`),
-as in torch, so slicing and flattening follow torch's rules. Making a mesh communicates
-nothing; its groups are made on first use, as sub-communicators of one MPI Cartesian
-communicator of the mesh (see :mod:`._mesh_groups`).
-
-So the first ``get_group`` of a dimension is *collective over the mesh's ranks*: every
-rank of the mesh asks for it, in the same order. Call ``get_all_groups()`` right after
-creating the mesh when later code asks for groups on some ranks only. A rank outside
-the mesh gets ``GroupMember.NON_GROUP_MEMBER`` and communicates nothing.
+The layouts it keeps per dimension are :mod:`.layout`'s; the groups it makes on first
+use are :mod:`.groups`'. What follows for users is the package's docstring.
 """
 from __future__ import annotations
 
@@ -21,15 +13,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _mesh_layout as layouts
-from . import settings
-from ._mesh_groups import DEFAULT as _DEFAULT
-from ._mesh_groups import BackendSpec, MeshGroups
-from ._mesh_layout import Layout
-from .errors import DistError, DistValueError
-from .group import ProcessGroup, backend_map, registry, resolve
+from . import layout as layouts
+from .. import settings
+from .groups import DEFAULT as _DEFAULT
+from .groups import BackendSpec, MeshGroups
+from .layout import Layout
+from ..errors import DistError, DistValueError
+from ..group import ProcessGroup, backend_map, registry, resolve
 
-__all__ = ["init_device_mesh", "DeviceMesh"]
+__all__ = ["init_device_mesh", "DeviceMesh", "mesh_resources"]
 
 MeshDim = Union[int, str, None]
 
@@ -51,7 +43,7 @@ class _MeshTypeError(DistError, TypeError):
 def _world(op: str) -> ProcessGroup:
     """The default group, initialized as torch does when a mesh is made first."""
     if registry.world is None:
-        from .init import init_process_group
+        from ..init import init_process_group
 
         init_process_group()
     return resolve(None, op)
@@ -134,7 +126,8 @@ class _MeshEnv(threading.local):
         return device_mesh._get_all_submeshes(mesh_dim_name)
 
 
-_mesh_resources = _MeshEnv()
+#: torch's ``_mesh_resources`` (the package exports it under that name).
+mesh_resources = _MeshEnv()
 
 
 class DeviceMesh:
@@ -325,11 +318,11 @@ class DeviceMesh:
         return self._hash
 
     def __enter__(self) -> "DeviceMesh":
-        _mesh_resources.mesh_stack.append(self)
+        mesh_resources.mesh_stack.append(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _mesh_resources.mesh_stack.pop()
+        mesh_resources.mesh_stack.pop()
 
     # -- this rank --------------------------------------------------------------------------
     def get_rank(self) -> int:

@@ -9,7 +9,7 @@ and gets ``MASTER_ADDR``/``MASTER_PORT``, so torchrun scripts and scripts for to
 (``exec``), so signals and the exit status are the launcher's own; it never
 initializes MPI. ``hpccomm info`` prints the environment for bug reports.
 ``hpccomm bench -n 2`` measures hpccomm against raw mpi4py on this machine's MPI
-(:mod:`hpccomm.bench`) in jobs started the way ``run`` starts a script: it alternates
+(:mod:`hpccomm.cli.bench`) in jobs started the way ``run`` starts a script: it alternates
 jobs at mpi4py's default thread level with jobs of raw mpi4py at MPI_THREAD_SERIALIZED
 (waiting for each, never initializing MPI itself) and prints the merged table.
 """
@@ -21,7 +21,9 @@ import shlex
 import sys
 from typing import List, Optional
 
-from . import launch, settings
+from .. import settings
+
+from . import launch
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
 def run_command(args: argparse.Namespace) -> List[str]:
     """The launcher command line for ``hpccomm run`` (or ``hpccomm bench``) arguments."""
     if args.command == "bench":
-        target = ["-m", "hpccomm.bench", "--ops", args.ops, "--sizes", args.sizes,
+        target = ["-m", "hpccomm.cli.bench", "--ops", args.ops, "--sizes", args.sizes,
                   "--budget", str(args.budget)] + (["--gloo"] if args.gloo else [])
         return launch.build_command(target, nprocs=args.nproc, launcher=args.launcher)
     extra = [word for text in args.launcher_args for word in shlex.split(text)]

@@ -15,12 +15,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _mesh_layout as layouts
-from . import rendezvous
-from ._mesh_layout import Layout
-from .errors import DistError, DistValueError
-from .group import ProcessGroup, from_communicator, mpi_backend, registry, resolve
-from .types import NON_GROUP_MEMBER
+from . import layout as layouts
+from .. import rendezvous
+from .layout import Layout
+from ..errors import DistError, DistValueError
+from ..group import ProcessGroup, from_communicator, mpi_backend, registry, resolve
+from ..types import NON_GROUP_MEMBER
 
 #: A dimension's backend choice: (backend name or None, group timeout in seconds or None).
 BackendSpec = Tuple[Optional[str], Optional[float]]
