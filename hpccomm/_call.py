@@ -1,11 +1,13 @@
 """The one path every operation takes: resolve the group, validate once, dispatch.
 
 ``collectives``, ``p2p`` and ``objects`` call these helpers instead of repeating
-checks: :func:`array` turns an argument into a contiguous array on a backend of the
-group, :func:`root` resolves ``src``/``dst``/``group_src``/``group_dst``,
-:func:`reduction` validates an op for a dtype, and :func:`launch` starts the backend
-operation and waits for it under the deadline, or hands back a ``Work`` (stamped with
-what it is, for errors and observers) for ``async_op``.
+checks: :func:`member` opens each operation with its group (or with torch's warning on
+a rank outside it), :func:`rooted` does so for an operation with a root and resolves
+``src``/``dst``/``group_src``/``group_dst`` (:func:`root`), :func:`array` turns an
+argument into a contiguous array on a backend of the group, :func:`reduction` validates
+an op for a dtype, and :func:`launch` starts the backend operation and waits for it
+under the deadline, or hands back a ``Work`` (stamped with what it is, for errors and
+observers) for ``async_op``.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from .backends.base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER,  # noqa
                             BROADCAST, REDUCE_SCATTER)
 from ._arrays import FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistBackendError, DistError
-from .group import ProcessGroup
+from .group import GroupLike, ProcessGroup, member_group, skip
 from .types import RedOpType, split_op
 from .work import Work, chain, failure_error, poll
 
@@ -184,6 +186,45 @@ def root(pg: ProcessGroup, op: str, global_rank: Optional[int], group_rank: Opti
     if not isinstance(global_rank, int) or isinstance(global_rank, bool):
         raise pg.error(op, f"{name} must be an int rank, got {global_rank!r}")
     return pg.group_rank(global_rank, op, name)
+
+
+def member(group: GroupLike, op: str, peer: Optional[int] = None,
+           group_peer: Optional[int] = None, name: Optional[str] = None,
+           required: bool = False) -> Optional[ProcessGroup]:
+    """The group of operation ``op``; ``None`` on a rank outside it, which the caller then
+    returns from at once (with ``None``; ``-1`` for receives), as torch does.
+
+    Such a rank is warned, as torch warns it, after the checks torch makes before it looks
+    at membership: with ``name`` (``"src"``, ``"dst"``) given, ``peer`` and ``group_peer``
+    not both, and one of them if ``required``. The warning points at the user's call.
+    """
+    pg = member_group(group, op)
+    if pg is None:
+        skip(op, peer, group_peer, name, required, stacklevel=4)
+    return pg
+
+
+def rooted(group: GroupLike, op: str, rank: Optional[int], group_rank: Optional[int],
+           name: str, default: Optional[int] = None, required: bool = False,
+           checked_outside: bool = True) -> Optional[Tuple[ProcessGroup, int, bool]]:
+    """``(group, root, at_root)`` of a rooted operation: its group, the group rank meant
+    by ``rank``/``group_rank`` (:func:`root`; the global rank ``default`` when neither is
+    given) and whether this rank is that root. ``None`` on a rank outside the group, as
+    from :func:`member`, after the same checks of ``rank`` and ``group_rank`` unless
+    ``checked_outside`` is false (torch's ``gather`` resolves ``dst`` on members only).
+    """
+    if rank is None and group_rank is None:
+        rank = default
+    # member() and root() inlined for the common case: each call costs every operation
+    pg = member_group(group, op)
+    if pg is None:
+        skip(op, rank, group_rank, name if checked_outside else None, required,
+             stacklevel=4)
+        return None
+    at = pg.rank_of.get(rank) if group_rank is None and type(rank) is int else None
+    if at is None:
+        at = root(pg, op, rank, group_rank, name)
+    return pg, at, pg.rank() == at
 
 
 def count_list(pg: ProcessGroup, op: str, arrays: Sequence[Any], what: str) -> list:

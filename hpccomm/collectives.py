@@ -15,7 +15,7 @@ import numpy as np
 from . import _call
 from ._arrays import dtype_family
 from ._call import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, REDUCE_SCATTER
-from .group import GroupLike, member_group, skip
+from .group import GroupLike
 from .types import ReduceOp, timeout_seconds
 from .work import Work
 
@@ -28,10 +28,10 @@ def broadcast(tensor: Any, src: Optional[int] = None, group: GroupLike = None,
 
     ``src`` (global) or ``group_src`` is required, as in torch 2.13.
     """
-    pg = member_group(group, "broadcast")
-    if pg is None:
-        return skip("broadcast", src, group_src, "src", required=True)
-    root = _call.root(pg, "broadcast", src, group_src, "src")
+    rooted = _call.rooted(group, "broadcast", src, group_src, "src", required=True)
+    if rooted is None:
+        return None
+    pg, root, _ = rooted
     if not async_op and _call.small(pg, "broadcast", BROADCAST, tensor, tensor, 0, root):
         return None
     comm, arr = _call.array(pg, "broadcast", tensor)
@@ -42,9 +42,9 @@ def broadcast(tensor: Any, src: Optional[int] = None, group: GroupLike = None,
 def all_reduce(tensor: Any, op: Any = _SUM, group: GroupLike = None,
                async_op: bool = False) -> Optional[Work]:
     """Reduce ``tensor`` over the group; every rank gets the result in ``tensor``."""
-    pg = member_group(group, "all_reduce")
+    pg = _call.member(group, "all_reduce")
     if pg is None:
-        return skip("all_reduce")
+        return None
     if not async_op and _call.small(pg, "all_reduce", ALL_REDUCE, tensor, tensor, op):
         return None
     comm, arr, kind, factor = _call.reduce_operand(pg, "all_reduce", tensor, op)
@@ -58,12 +58,11 @@ def reduce(tensor: Any, dst: Optional[int] = None, op: Any = _SUM, group: GroupL
 
     ``dst`` (global) or ``group_dst`` is required, as in torch 2.13.
     """
-    pg = member_group(group, "reduce")
-    if pg is None:
-        return skip("reduce", dst, group_dst, "dst", required=True)
-    root = _call.root(pg, "reduce", dst, group_dst, "dst")
-    comm, arr, kind, factor = _call.reduce_operand(pg, "reduce", tensor, op,
-                                                   output=pg.rank() == root)
+    rooted = _call.rooted(group, "reduce", dst, group_dst, "dst", required=True)
+    if rooted is None:
+        return None
+    pg, root, at_root = rooted
+    comm, arr, kind, factor = _call.reduce_operand(pg, "reduce", tensor, op, output=at_root)
     return _call.launch(pg, "reduce", comm.reduce, (arr, kind, factor, root), arr,
                         async_op, root, result=(tensor,))
 
@@ -137,9 +136,9 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
                async_op: bool = False) -> Optional[Work]:
     """Gather every rank's ``tensor`` into ``tensor_list`` on every rank (sizes may differ)."""
     op = "all_gather"
-    pg = member_group(group, op)
+    pg = _call.member(group, op)
     if pg is None:
-        return skip(op)
+        return None
     comm, arr = _call.array(pg, op, tensor, output=False)
     arr, outputs = _same_real_dtype(arr, _array_list(pg, op, comm, None, tensor_list,
                                                      "tensor_list"), pg, op, "tensor_list")
@@ -161,9 +160,9 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     in place (``MPI_IN_PLACE``) with no extra copy.
     """
     op = "all_gather_into_tensor"
-    pg = member_group(group, op)
+    pg = _call.member(group, op)
     if pg is None:
-        return skip(op)
+        return None
     if not async_op and _call.small(pg, op, ALL_GATHER, input_tensor, output_tensor):
         return None
     comm, out, arr = _call.pair(pg, op, output_tensor, input_tensor, "output_tensor",
@@ -185,15 +184,13 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
     With neither ``dst`` nor ``group_dst``, the destination is global rank 0 (torch).
     """
     op = "gather"
-    pg = member_group(group, op)
-    if pg is None:
-        return skip(op)
-    if dst is None and group_dst is None:
-        dst = 0
-    root = _call.root(pg, op, dst, group_dst, "dst")
+    rooted = _call.rooted(group, op, dst, group_dst, "dst", default=0, checked_outside=False)
+    if rooted is None:
+        return None
+    pg, root, at_root = rooted
     comm, arr = _call.array(pg, op, tensor, output=False)
     arr = _as_real(arr)
-    if pg.rank() != root:
+    if not at_root:
         if gather_list:
             raise pg.error(op, "gather_list must be None or empty on ranks other than dst")
         return _call.launch(pg, op, comm.gather, (arr.reshape(-1), None, root, []), arr,
@@ -220,15 +217,13 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
     With neither ``src`` nor ``group_src``, the source is global rank 0 (torch).
     """
     op = "scatter"
-    if src is None and group_src is None:
-        src = 0
-    pg = member_group(group, op)
-    if pg is None:
-        return skip(op, src, group_src, "src")
-    root = _call.root(pg, op, src, group_src, "src")
+    rooted = _call.rooted(group, op, src, group_src, "src", default=0)
+    if rooted is None:
+        return None
+    pg, root, at_root = rooted
     comm, out = _call.array(pg, op, tensor)
     out = _as_real(out)
-    if pg.rank() != root:
+    if not at_root:
         if scatter_list:
             raise pg.error(op, "scatter_list must be None or empty on ranks other than src")
         return _call.launch(pg, op, comm.scatter, (None, out.reshape(-1), root, []), out,
@@ -251,9 +246,9 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: Gr
                    async_op: bool = False) -> Optional[Work]:
     """Reduce ``input_list`` element-wise over ranks; rank ``i`` gets entry ``i`` in ``output``."""
     name = "reduce_scatter"
-    pg = member_group(group, name)
+    pg = _call.member(group, name)
     if pg is None:
-        return skip(name)
+        return None
     comm, out = _call.array(pg, name, output, "output")
     inputs = _array_list(pg, name, comm, None, input_list, "input_list", output=False)
     complex_dtype = next((a.dtype for a in [out, *inputs] if a.dtype in _REAL_OF), out.dtype)
@@ -273,9 +268,9 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupL
                           async_op: bool = False) -> Optional[Work]:
     """Reduce ``input`` over ranks; rank ``i`` gets block ``i`` of the result in ``output``."""
     name = "reduce_scatter_tensor"
-    pg = member_group(group, name)
+    pg = _call.member(group, name)
     if pg is None:
-        return skip(name)
+        return None
     if not async_op and _call.small(pg, name, REDUCE_SCATTER, input, output, op):
         return None
     comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
@@ -297,9 +292,9 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List
     ``MPI_Alltoallv``. All ranks must pass split sizes, or none.
     """
     name = "all_to_all_single"
-    pg = member_group(group, name)
+    pg = _call.member(group, name)
     if pg is None:
-        return skip(name)
+        return None
     if (not async_op and output_split_sizes is None and input_split_sizes is None and
             _call.small(pg, name, ALL_TO_ALL, input, output)):
         return None
@@ -320,9 +315,9 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
                group: GroupLike = None, async_op: bool = False) -> Optional[Work]:
     """Send ``input_tensor_list[j]`` to rank ``j``; receive rank ``j``'s into ``output[j]``."""
     name = "all_to_all"
-    pg = member_group(group, name)
+    pg = _call.member(group, name)
     if pg is None:
-        return skip(name)
+        return None
     first_raw = _call.count_list(pg, name, input_tensor_list, "input_tensor_list")[0]
     comm, first = _call.array(pg, name, first_raw, "input_tensor_list[0]", output=False)
     inputs = _array_list(pg, name, comm, None, input_tensor_list, "input_tensor_list",
@@ -348,9 +343,9 @@ def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = N
     As in torch, the barrier first waits for the group's earlier async collectives, so
     their results are in place when it returns, whether or not their Work was kept.
     """
-    pg = member_group(group, "barrier")
+    pg = _call.member(group, "barrier")
     if pg is None:
-        return skip("barrier")
+        return None
     if pg.pending:
         pg.finish_pending()
     if not async_op and timeout is None and _call.small(pg, "barrier", BARRIER, None, None):

@@ -301,10 +301,12 @@ def resolve(group: GroupLike, op: str) -> ProcessGroup:
 
 
 def skip(op: str, rank: Optional[int] = None, group_rank: Optional[int] = None,
-         name: Optional[str] = None, required: bool = False, result: Any = None) -> Any:
+         name: Optional[str] = None, required: bool = False, result: Any = None,
+         stacklevel: int = 3) -> Any:
     """What an operation does on a rank outside its group, as torch does: check the
     arguments that need no group (``src``/``group_src`` not both; given if ``required``),
-    warn, communicate nothing, and return ``result`` (``None``; ``-1`` for receives)."""
+    warn, communicate nothing, and return ``result`` (``None``; ``-1`` for receives).
+    ``stacklevel`` points the warning at the user's call (3: the caller's caller)."""
     if name is not None:
         if rank is not None and group_rank is not None:
             raise DistValueError(f"hpccomm.{op}: give {name} or group_{name}, not both")
@@ -312,7 +314,7 @@ def skip(op: str, rank: Optional[int] = None, group_rank: Optional[int] = None,
             raise DistValueError(f"hpccomm.{op}: {name} (a global rank) or group_{name} "
                                  f"(a group rank) is required")
     warnings.warn(f"Running {op} on global rank {registry.world.rank()} which does not "
-                  f"belong to the given group.", UserWarning, stacklevel=3)
+                  f"belong to the given group.", UserWarning, stacklevel=stacklevel)
     return result
 
 

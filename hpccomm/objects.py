@@ -19,7 +19,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _call, p2p, unpickling
-from .group import GroupLike, ProcessGroup, member_group, skip
+from .group import GroupLike, ProcessGroup
 from .types import Tag
 from .unpickling import (add_safe_globals, clear_safe_globals, get_safe_globals,  # noqa: F401
                          safe_globals, set_weights_only, weights_only)
@@ -85,15 +85,12 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
     """Replace ``object_list``'s entries on every rank with those of rank ``src``
     (global rank 0 when neither ``src`` nor ``group_src`` is given, as in torch)."""
     op = "broadcast_object_list"
-    if src is None and group_src is None:
-        src = 0
-    pg = member_group(group, op)
-    if pg is None:
-        return skip(op, src, group_src, "src")
-    root = _call.root(pg, op, src, group_src, "src")
+    rooted = _call.rooted(group, op, src, group_src, "src", default=0)
+    if rooted is None:
+        return None
+    pg, root, at_root = rooted
     if not isinstance(object_list, list):
         raise pg.error(op, f"object_list must be a list, got {type(object_list).__name__}")
-    at_root = pg.rank() == root
     data = _pickle(list(object_list)) if at_root else None
     slot = _slot(data)
     _run(pg, op, pg.cpu.broadcast, (slot, root), slot)
@@ -116,9 +113,9 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
 def all_gather_object(object_list: List[Any], obj: Any, group: GroupLike = None) -> None:
     """Fill ``object_list[i]`` with rank ``i``'s ``obj``, on every rank."""
     op = "all_gather_object"
-    pg = member_group(group, op)
+    pg = _call.member(group, op)
     if pg is None:
-        return skip(op)
+        return None
     _call.count_list(pg, op, object_list, "object_list")
     data = _pickle(obj)
     mine = _slot(data)
@@ -142,13 +139,10 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
     """Fill ``object_gather_list[i]`` on rank ``dst`` with rank ``i``'s ``obj`` (global
     rank 0 when neither ``dst`` nor ``group_dst`` is given, as in torch)."""
     op = "gather_object"
-    if dst is None and group_dst is None:
-        dst = 0
-    pg = member_group(group, op)
-    if pg is None:
-        return skip(op, dst, group_dst, "dst")
-    root = _call.root(pg, op, dst, group_dst, "dst")
-    at_root = pg.rank() == root
+    rooted = _call.rooted(group, op, dst, group_dst, "dst", default=0)
+    if rooted is None:
+        return None
+    pg, root, at_root = rooted
     if at_root:
         if object_gather_list is None:
             raise pg.error(op, "object_gather_list is required on the destination rank")
@@ -173,15 +167,12 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     """Put entry ``i`` of rank ``src``'s input list into ``output_list[0]`` on rank ``i``
     (global rank 0 when neither ``src`` nor ``group_src`` is given, as in torch)."""
     op = "scatter_object_list"
-    if src is None and group_src is None:
-        src = 0
-    pg = member_group(group, op)
-    if pg is None:
-        return skip(op, src, group_src, "src")
-    root = _call.root(pg, op, src, group_src, "src")
+    rooted = _call.rooted(group, op, src, group_src, "src", default=0)
+    if rooted is None:
+        return None
+    pg, root, at_root = rooted
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise pg.error(op, "scatter_object_output_list must be a list with at least one entry")
-    at_root = pg.rank() == root
     sizes = payload = None
     if at_root:
         if scatter_object_input_list is None:
@@ -203,9 +194,9 @@ def send_object_list(object_list: List[Any], dst: Optional[int] = None, group: G
                      use_batch: bool = False) -> None:
     """Send the objects of ``object_list`` to ``dst`` (received by ``recv_object_list``)."""
     op = "send_object_list"
-    pg = member_group(group, op)
+    pg = _call.member(group, op, dst, group_dst, "dst", required=True)
     if pg is None:
-        return skip(op, dst, group_dst, "dst", required=True)
+        return None
     peer = p2p.peer_rank(pg, op, dst, group_dst, "dst", True)
     payload = _dumps(list(object_list))
     header = np.array([payload.size, len(object_list)], dtype=np.int64)
@@ -223,9 +214,9 @@ def recv_object_list(object_list: List[Any], src: Optional[int] = None, group: G
     With no source, the first sender wins and the payload is then taken from that rank.
     """
     op = "recv_object_list"
-    pg = member_group(group, op)
+    pg = _call.member(group, op, src, group_src, "src")
     if pg is None:
-        return skip(op, src, group_src, "src", result=-1)
+        return -1
     header = np.zeros(2, dtype=np.int64)
     source = p2p.start_recv(pg, header, src, _HEADER_TAG, group_src, op, False, internal=True)
     payload = np.empty(int(header[0]), dtype=np.uint8)

@@ -69,18 +69,18 @@ def start_recv(pg: ProcessGroup, tensor: Any, src: Optional[int], tag: int,
 def send(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: int = 0,
          group_dst: Optional[int] = None) -> None:
     """Send ``tensor`` to ``dst`` and wait until the send buffer may be reused."""
-    pg = member_group(group, "send")
+    pg = _call.member(group, "send", dst, group_dst, "dst", required=True)
     if pg is None:
-        return skip("send", dst, group_dst, "dst", required=True)
+        return None
     start_send(pg, tensor, dst, tag, group_dst, "send", False)
 
 
 def isend(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: int = 0,
           group_dst: Optional[int] = None) -> Optional[Work]:
     """Start sending ``tensor`` to ``dst``; do not modify it before ``wait()``."""
-    pg = member_group(group, "isend")
+    pg = _call.member(group, "isend", dst, group_dst, "dst", required=True)
     if pg is None:
-        return skip("isend", dst, group_dst, "dst", required=True)
+        return None
     return start_send(pg, tensor, dst, tag, group_dst, "isend", True)
 
 
@@ -90,18 +90,18 @@ def recv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: i
     global rank (also when ``group_src`` named it, as torch does); -1 on a rank outside
     ``group``.
     """
-    pg = member_group(group, "recv")
+    pg = _call.member(group, "recv", src, group_src, "src")
     if pg is None:
-        return skip("recv", src, group_src, "src", result=-1)
+        return -1
     return pg.ranks[start_recv(pg, tensor, src, tag, group_src, "recv", False)]
 
 
 def irecv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: int = 0,
           group_src: Optional[int] = None) -> Optional[Work]:
     """Start receiving into ``tensor``; ``Work.source_rank()`` gives the sender's group rank."""
-    pg = member_group(group, "irecv")
+    pg = _call.member(group, "irecv", src, group_src, "src")
     if pg is None:
-        return skip("irecv", src, group_src, "src")
+        return None
     return start_recv(pg, tensor, src, tag, group_src, "irecv", True)
 
 

@@ -69,6 +69,8 @@ def test_every_operation_is_a_no_op_outside_the_group(dist, rank, size):
             messages = [str(w.message) for w in caught]
             assert messages == [f"Running {op} on global rank {rank} which does not belong "
                                 f"to the given group."], (op, messages)
+            # the warning points at the call here, not inside hpccomm
+            assert [w.filename for w in caught] == [__file__], (op, caught[0].filename)
         assert (t == 7.0).all() and (out == 7.0).all()  # nothing was written
         assert dist.get_rank(group) == -1 and dist.get_world_size(group) == -1
     dist.barrier()  # nobody is left behind

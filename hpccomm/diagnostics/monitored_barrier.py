@@ -21,8 +21,9 @@ from typing import Any, List, Union
 
 import numpy as np
 
+from .. import _call
 from ..errors import DistTimeoutError
-from ..group import GroupLike, ProcessGroup, member_group, skip
+from ..group import GroupLike, ProcessGroup
 from ..types import Tag, timeout_seconds
 from ..work import as_work
 
@@ -55,9 +56,9 @@ def monitored_barrier(group: GroupLike = None,
     ``timeout`` (``timedelta`` or seconds) defaults to the group's timeout. Rank 0 names
     the first missing rank, or all of them with ``wait_all_ranks=True``.
     """
-    pg = member_group(group, "monitored_barrier")
+    pg = _call.member(group, "monitored_barrier")
     if pg is None:  # not a member: return at once, as torch does
-        return skip("monitored_barrier")
+        return None
     limit = timeout_seconds(timeout, pg.timeout)
     run_on(pg, float("inf") if limit is None else limit, wait_all_ranks)
 
