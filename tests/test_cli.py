@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpccomm import _launcher_env, _rank_env, cli, excepthook, launch
+from hpccomm import _rank_env, cli, excepthook, launch
 from launcher_env import mpiexec, without_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -368,8 +368,6 @@ def test_torchrun_env_from_each_launcher(capsys):
              "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "3(x2),1"}
     assert _rank_env.torchrun_env(slurm) == {"RANK": "6", "WORLD_SIZE": "7",
                                              "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-    assert _launcher_env.slurm_tasks_on_node({"SLURM_TASKS_PER_NODE": "2(x3)",
-                                          "SLURM_NODEID": "1"}) == 2
     assert _rank_env.torchrun_env({}) == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                                           "LOCAL_WORLD_SIZE": "1"}
     no_local = _rank_env.torchrun_env({"PMIX_RANK": "1", "PMIX_SIZE": "2"})
