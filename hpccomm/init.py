@@ -16,13 +16,11 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import logging
-import os
 import platform
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
-from . import observe
-from ._launcher_env import RANK_VARS, SET_BY
+from . import launcher_env, observe
 from .errors import DistValueError
 from .group import (ProcessGroup, backend_map, destroy, is_non_member, mpi_backend, registry,
                     resolve)
@@ -58,7 +56,7 @@ def is_gloo_available() -> bool:
 
 def is_torchelastic_launched() -> bool:
     """Whether torchrun started this process (it sets ``TORCHELASTIC_RUN_ID``)."""
-    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+    return launcher_env.torchelastic_launched()
 
 
 def is_initialized() -> bool:
@@ -75,22 +73,13 @@ def get_default_backend_for_device(device: Any) -> str:
         raise ValueError(f"no default backend for device type '{name}'") from None
 
 
-def _env_int(name: str) -> Optional[int]:
-    value = os.environ.get(name)
-    if value is None or value.strip() == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise DistValueError(f"environment variable {name}={value!r} is not an integer") from None
-
-
 def check_launch(mpi_rank: int, mpi_size: int, rank: int = -1, world_size: int = -1) -> None:
     """Compare the rank and size stated by arguments and environment with MPI's."""
     singleton = ("" if mpi_size > 1 else " This process is an MPI world of one: start the job "
                  "with mpiexec -n N or srun so that MPI knows all its processes.")
     stated = [("rank=", rank, "world_size=", world_size)]
-    stated.append(("RANK", _env_int("RANK"), "WORLD_SIZE", _env_int("WORLD_SIZE")))
+    env_rank, env_size = launcher_env.torchrun_rank()
+    stated.append(("RANK", env_rank, "WORLD_SIZE", env_size))
     for rank_name, value, size_name, size_value in stated:
         if size_value not in (None, -1) and size_value != mpi_size:
             raise DistValueError(f"init_process_group: {size_name}{'' if size_name.endswith('=') else '='}"
@@ -99,19 +88,17 @@ def check_launch(mpi_rank: int, mpi_size: int, rank: int = -1, world_size: int =
         if value not in (None, -1) and value != mpi_rank:
             raise DistValueError(f"init_process_group: {rank_name}{'' if rank_name.endswith('=') else '='}"
                                  f"{value} but this process is MPI rank {mpi_rank} of {mpi_size}")
-    for rank_var, size_var in RANK_VARS:
-        env_rank, env_size = _env_int(rank_var), _env_int(size_var)
-        if env_rank is None and env_size is None:
-            continue
+    launcher = launcher_env.launcher_pair()  # the innermost launcher speaks for the job
+    if launcher is not None:
+        rank_var, size_var, env_rank, env_size = launcher
         if (env_size is not None and env_size != mpi_size) or (
                 env_rank is not None and env_rank != mpi_rank):
             message = (f"hpccomm: {rank_var}={env_rank}, {size_var}={env_size} "
-                       f"(set by {SET_BY[rank_var]}) "
+                       f"(set by {launcher_env.set_by(rank_var)}) "
                        f"disagree with MPI: rank {mpi_rank} of {mpi_size}. hpccomm uses MPI's "
                        f"values; check that the launcher matches the MPI library.")
             logger.warning(message)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
-        break  # the innermost launcher speaks for the job
 
 
 def _make_store(init_method: Optional[str], store: Any, rank: int, size: int,
@@ -127,12 +114,11 @@ def _make_store(init_method: Optional[str], store: Any, rank: int, size: int,
 
         return job_store(world_comm, timeout=timeout)
     if init_method.startswith("env://"):
-        host = os.environ.get("MASTER_ADDR")
-        port = os.environ.get("MASTER_PORT")
-        if not host or not port:
+        host, port = launcher_env.master_address()
+        if host is None or port is None:
             raise DistValueError("init_method='env://' needs MASTER_ADDR and MASTER_PORT "
                                  "(under mpiexec/srun, leave init_method unset instead)")
-        return stores.TCPStore(host, int(port), size, is_master=rank == 0, timeout=timeout)
+        return stores.TCPStore(host, port, size, is_master=rank == 0, timeout=timeout)
     if init_method.startswith("tcp://"):
         address = init_method[len("tcp://"):].split("?")[0]
         host, _, port = address.rpartition(":")
@@ -311,8 +297,7 @@ def abort_process_group(group: Any = None) -> None:
 
 def local_rank_and_size(pg: Optional[ProcessGroup] = None) -> Tuple[int, int]:
     """This rank's index among the job's ranks on its node, and their number."""
-    env: Dict[str, Optional[int]] = {
-        name: _env_int(name) for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    if env["LOCAL_RANK"] is not None and env["LOCAL_WORLD_SIZE"] is not None:
-        return env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]
+    local_rank, local_size = launcher_env.torchrun_local_rank()
+    if local_rank is not None and local_size is not None:
+        return local_rank, local_size
     return mpi_backend().node_local((pg or resolve(None, "local_rank")).comm)

@@ -87,9 +87,9 @@ def pytest_addoption(parser: Any) -> None:
 
 def _stated() -> Any:
     """``(rank, size)`` as the launcher states them; ``None`` in a serial session."""
-    from hpccomm._launcher_env import launcher_rank
+    from hpccomm.launcher_env import launcher_rank
 
-    return launcher_rank(os.environ)
+    return launcher_rank()
 
 
 def _launcher_rank() -> int:

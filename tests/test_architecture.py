@@ -397,6 +397,74 @@ def test_the_settings_check_sees_every_form_of_read(tmp_path):
     assert "does not declare" in found[0] and "spells 'HPCCOMM_SHM'" in found[1]
 
 
+# -- launcher variables: read by hpccomm/launcher_env.py only --------------------------------
+READER_MODULE = "launcher_env"
+#: What the launchers, torchrun, batch systems and MPI libraries set for a process.
+LAUNCHER_VARIABLE = re.compile(
+    r"(OMPI_|PMI_|PMIX_|PRTE_|PALS_|SLURM_|MV2_|I_MPI_|MPI_LOCAL|MPICH_|MPIR_CVAR_|HYDRA_|"
+    r"TORCHELASTIC_|PBS_|LSB_|FLUX_)[A-Za-z0-9_]*|(GROUP_|ROLE_|LOCAL_)?RANK|"
+    r"(GROUP_|ROLE_|LOCAL_)?WORLD_SIZE|MASTER_ADDR|MASTER_PORT|JOB_ID")
+
+
+def launcher_variable_problems(package: Path = PACKAGE) -> List[str]:
+    """Every place outside settings.py and launcher_env.py that reads a launcher's
+    variable from the environment (or reads it with a key computed at run time, which
+    may be one), in words. Writing them (``hpccomm run`` sets ``RANK``) is fine."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        module = _name(path, package)
+        if module in (SETTINGS_MODULE, READER_MODULE):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        lines = []
+        for node in ast.walk(tree):
+            key = _environ_key(node)
+            if key is None:
+                continue
+            if isinstance(key, ast.Constant):
+                if isinstance(key.value, str) and LAUNCHER_VARIABLE.fullmatch(key.value):
+                    lines.append((node.lineno, f"{module} (line {node.lineno}) reads "
+                                  f"{key.value} from the environment itself: ask "
+                                  f"hpccomm.launcher_env, which parses it as every other "
+                                  f"reader does"))
+            elif not re.fullmatch(r"(settings\.)?[A-Z0-9_]+\.name", ast.unparse(key)):
+                lines.append((node.lineno, f"{module} (line {node.lineno}) reads the "
+                              f"environment at a computed key ({ast.unparse(key)}): read "
+                              f"HPCCOMM_* through settings, the launchers' variables "
+                              f"through launcher_env"))
+        found.extend(text for _, text in sorted(lines))
+    return found
+
+
+def test_launcher_variables_are_read_by_launcher_env_only():
+    assert launcher_variable_problems() == []
+
+
+def test_the_launcher_variable_check_sees_every_form_of_read(tmp_path):
+    package = tmp_path / "hpccomm"
+    package.mkdir()
+    (package / "launcher_env.py").write_text("import os\nr = os.environ.get('PMI_RANK')\n")
+    (package / "a.py").write_text(
+        "import os\n"
+        "from . import settings\n"
+        "a = os.environ.get('SLURM_PROCID')\n"          # line 3
+        "b = os.getenv('LOCAL_RANK', '0')\n"            # line 4
+        "c = 'MASTER_PORT' in os.environ\n"             # line 5
+        "def f(env):\n"
+        "    return env['OMPI_COMM_WORLD_RANK']\n"      # line 7
+        "for name in ('RANK', 'PMI_RANK'):\n"
+        "    d = os.environ.get(name)\n"                # line 9: computed
+        "os.environ['RANK'] = '0'\n"                    # fine: a write
+        "e = os.environ.get('PATH')\n"                  # fine: not a launcher's
+        "g = os.environ.get(settings.SHM.name)\n")      # the settings check's business
+    found = launcher_variable_problems(package)
+    assert [p.split(" ", 3)[:3] for p in found] == [
+        ["a", "(line", "3)"], ["a", "(line", "4)"], ["a", "(line", "5)"], ["a", "(line", "7)"],
+        ["a", "(line", "9)"]], found
+    assert "reads SLURM_PROCID from the environment itself" in found[0]
+    assert "computed key (name)" in found[4]
+
+
 # -- private names stay in their module ------------------------------------------------------
 #: Private names a module may take from another, and why (keep this short).
 PRIVATE_ALLOWED = {

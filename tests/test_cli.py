@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpccomm import _launcher_env, cli, excepthook
+from hpccomm import cli, excepthook
 from hpccomm.cli import launch, rank_env
 from launcher_env import mpiexec, without_launcher
 
@@ -369,8 +369,6 @@ def test_torchrun_env_from_each_launcher(capsys):
              "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "3(x2),1"}
     assert rank_env.torchrun_env(slurm) == {"RANK": "6", "WORLD_SIZE": "7",
                                              "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-    assert _launcher_env.slurm_tasks_on_node({"SLURM_TASKS_PER_NODE": "2(x3)",
-                                          "SLURM_NODEID": "1"}) == 2
     assert rank_env.torchrun_env({}) == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                                           "LOCAL_WORLD_SIZE": "1"}
     no_local = rank_env.torchrun_env({"PMIX_RANK": "1", "PMIX_SIZE": "2"})

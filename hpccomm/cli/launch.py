@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import List, Mapping, Optional, Sequence
 
-from .. import settings
+from .. import launcher_env, settings
 
 LAUNCHERS = ("auto", "mpiexec", "srun")
 
@@ -32,7 +32,8 @@ class LaunchError(RuntimeError):
 
 def in_slurm_allocation(env: Mapping[str, str] = os.environ) -> bool:
     """Whether this process runs inside a Slurm job with ``srun`` available."""
-    return bool(env.get("SLURM_JOB_ID")) and shutil.which("srun", path=env.get("PATH")) is not None
+    return bool(launcher_env.slurm_job_id(env)) and \
+        shutil.which("srun", path=env.get("PATH")) is not None
 
 
 def choose_launcher(requested: str = "auto", env: Mapping[str, str] = os.environ) -> str:
@@ -100,7 +101,7 @@ def srun_mpi_plugin(env: Mapping[str, str] = os.environ) -> Optional[str]:
     """
     if settings.SRUN_MPI.is_set(env):
         return settings.SRUN_MPI.get(env)  # blank: None
-    if env.get("SLURM_MPI_TYPE"):
+    if launcher_env.slurm_mpi_type(env):
         return None
     for dist, plugin in _SRUN_PLUGIN_BY_DIST.items():
         try:

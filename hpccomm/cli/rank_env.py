@@ -3,7 +3,7 @@
 ``hpccomm run`` starts ``python -m hpccomm.cli.rank_env [-m] TARGET ARGS...`` under the
 launcher. On each rank this module reads the launcher's own variables (hydra's
 ``PMI_RANK``/``MPI_LOCALRANKID``, Open MPI's ``OMPI_COMM_WORLD_*``, Slurm's
-``SLURM_PROCID``/``SLURM_LOCALID``...: :mod:`hpccomm._launcher_env`), sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``SLURM_PROCID``/``SLURM_LOCALID``...: :mod:`hpccomm.launcher_env`), sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE`` as torchrun would, installs :mod:`hpccomm.excepthook`, and runs the
 target with :mod:`runpy` exactly as ``python script.py`` / ``python -m module`` would.
 It does not initialize MPI, so the script may still set ``mpi4py.rc`` options first.
@@ -21,7 +21,7 @@ import socket
 import sys
 from typing import Dict, List, Mapping, Optional
 
-from .._launcher_env import launcher_local_rank, launcher_rank
+from ..launcher_env import launcher_local_rank, launcher_rank, master_address
 from ..stores.ports import free_port
 
 
@@ -53,9 +53,9 @@ def torch_master(env: Mapping[str, str]) -> Dict[str, str]:
     port through one all-gather over ``MPI_COMM_WORLD`` (under the default group
     timeout). Ranks all on one host get ``127.0.0.1``.
     """
-    given = {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT") if env.get(k)}
-    if len(given) == 2:
-        return given
+    addr, port = master_address(env)
+    if addr is not None and port is not None:
+        return {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
     import numpy as np
 
     from ..backends.mpi import plumbing as mpi
@@ -66,13 +66,12 @@ def torch_master(env: Mapping[str, str]) -> Dict[str, str]:
     name = socket.gethostname().encode()[:_HOST_BYTES]
     mine[:len(name)] = np.frombuffer(name, dtype=np.uint8)
     if world.Get_rank() == 0:
-        mine[_HOST_BYTES:].view(np.int64)[0] = int(given.get("MASTER_PORT") or free_port())
+        mine[_HOST_BYTES:].view(np.int64)[0] = port if port is not None else free_port()
     every = mpi.allgather(world, mine, "hpccomm run --torch (agreeing on MASTER_ADDR/"
                           "MASTER_PORT)", default_pg_timeout.total_seconds())
     hosts = {bytes(row[:_HOST_BYTES]).rstrip(b"\0").decode() for row in every}
     first = bytes(every[0, :_HOST_BYTES]).rstrip(b"\0").decode()
-    return {"MASTER_ADDR": given.get("MASTER_ADDR") or ("127.0.0.1" if len(hosts) == 1
-                                                         else first),
+    return {"MASTER_ADDR": addr or ("127.0.0.1" if len(hosts) == 1 else first),
             "MASTER_PORT": str(int(every[0, _HOST_BYTES:].view(np.int64)[0]))}
 
 

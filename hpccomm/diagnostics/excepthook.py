@@ -34,17 +34,14 @@ import traceback
 from types import TracebackType
 from typing import Any, Callable, Optional, Type
 
-from .. import settings
-from .._launcher_env import RANK_VARS
+from .. import launcher_env, settings
+from ..errors import DistValueError
 
 #: Set to 1/true/yes to keep Python's default behaviour (no abort).
 OPT_OUT_ENV = settings.NO_ABORT_ON_EXCEPTION.name
 
 #: The longest wait for the launcher to read this rank's last output before the abort.
 DRAIN_S = 3.0
-
-#: torch's RANK first, then the launchers' own variables, innermost first.
-_RANK_VARS = ("RANK",) + tuple(rank for rank, _ in RANK_VARS)
 
 # ioctl requests that tell how many written bytes nobody has read yet (Linux numbers;
 # FIONREAD on a pipe counts the pipe's whole content, from either end).
@@ -76,10 +73,17 @@ def rank_label() -> str:
     mpi = _mpi_if_running()
     if mpi is not None:
         return f"rank {mpi.COMM_WORLD.Get_rank()} of {mpi.COMM_WORLD.Get_size()}"
-    for name in _RANK_VARS:
-        if os.environ.get(name, "").strip():
-            return f"rank {os.environ[name].strip()}"
-    return "rank ?"
+    return f"rank {_stated_rank()}"
+
+
+def _stated_rank() -> str:
+    """The rank the environment states (torch's ``RANK`` first, then the launchers'), or
+    ``"?"``: never an error, since it labels the report of one."""
+    try:
+        rank = launcher_env.stated_rank()
+    except DistValueError:
+        return "?"
+    return "?" if rank is None else str(rank)
 
 
 def _unread(fd: int) -> int:
@@ -174,9 +178,10 @@ def abort(code: int = 1, message: str = "") -> None:
 
 def _under_launcher() -> bool:
     """Whether a launcher started this process as one of several ranks."""
-    from .._launcher_env import launcher_rank
-
-    stated = launcher_rank(os.environ)
+    try:
+        stated = launcher_env.launcher_rank()
+    except DistValueError:  # a malformed rank variable: no launcher that can be trusted
+        return False
     return stated is not None and stated[1] > 1
 
 
@@ -201,7 +206,7 @@ def _torch_prefixed(text: str) -> str:
     if hook is _hook or getattr(hook, "__name__", "") != "_distributed_excepthook":
         return text
     mpi = _mpi_if_running()
-    rank = mpi.COMM_WORLD.Get_rank() if mpi is not None else os.environ.get("RANK", "?")
+    rank = mpi.COMM_WORLD.Get_rank() if mpi is not None else _stated_rank()
     return "".join(f"[rank{rank}]: {line}" if line.strip() else line
                    for line in text.splitlines(keepends=True))
 

@@ -16,7 +16,6 @@ GIL. Clients on the server's host talk over its local Unix socket (see
 """
 from __future__ import annotations
 
-import os
 import select
 import socket
 import struct
@@ -25,7 +24,7 @@ import time
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from hpccomm import settings
+from hpccomm import launcher_env, settings
 from hpccomm.errors import DistNetworkError, DistStoreError
 from hpccomm.stores import _spin
 from hpccomm.stores._deferred import Deferred
@@ -86,8 +85,7 @@ def _integer(name: str, value: object) -> int:
 
 def _agent_serves(port: int) -> bool:
     """torchelastic's agent already serves the store on ``port`` (torch's rule)."""
-    use = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "")
-    return use.lower() in ("1", "true") and os.environ.get("MASTER_PORT") == str(port)
+    return launcher_env.torchelastic_agent_store() and launcher_env.master_address()[1] == port
 
 
 def _listen(host: str, port: int, listen_fd: Optional[int]) -> socket.socket:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import collections
 import importlib.util
-import os
 import threading
 import time
 from typing import Any, Callable, Deque, List, Optional, Tuple
 
 import numpy as np
 
-from ... import observe, settings
+from ... import launcher_env, observe, settings
 from ...errors import DistError
 from ...work import Work
 
@@ -98,10 +97,8 @@ def bind_at_init(world_comm: Any, device_id: Any) -> None:
 
 def local_rank_from_env() -> Tuple[Optional[int], Optional[int]]:
     """``(LOCAL_RANK, LOCAL_WORLD_SIZE)`` as torchrun sets them, or ``(None, None)``."""
-    rank, size = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
-    if rank is None or not rank.strip().isdigit():
-        return None, None
-    return int(rank), int(size) if size and size.strip().isdigit() else None
+    rank, size = launcher_env.torchrun_local_rank()
+    return (None, None) if rank is None else (rank, size)
 
 
 def choose_device(device_id: Optional[int], local_rank: Optional[int],

@@ -17,13 +17,12 @@ blocks the CPU), as MPI itself has.
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ... import settings
+from ... import launcher_env, settings
 from ...types import RedOpType
 from ...work import Started, chain
 from . import device as _cuda
@@ -43,7 +42,7 @@ def cuda_aware_mpi() -> bool:
             return bool(query())
         except Exception:
             return False
-    return os.environ.get("MPICH_GPU_SUPPORT_ENABLED", "0").strip() == "1"
+    return launcher_env.mpich_gpu_support()
 
 
 def _then(started: Started, step: Any, keep: Any) -> Started:

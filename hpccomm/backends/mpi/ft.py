@@ -29,6 +29,7 @@ from typing import Any, List, Optional
 import numpy as np
 from mpi4py import MPI
 
+from ... import launcher_env
 from ...errors import DistBackendError, DistTimeoutError
 from ...work import poll
 
@@ -49,8 +50,7 @@ def enabled() -> bool:
     """Whether this job runs with ULFM turned on (checked once)."""
     global _enabled
     if _enabled is None:
-        flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
-        _enabled = (MPI.get_vendor()[0] == "Open MPI" and flag in ("1", "true", "yes", "on")
+        _enabled = (MPI.get_vendor()[0] == "Open MPI" and launcher_env.ompi_ft_enabled()
                     and hasattr(MPI.Comm, "Revoke"))
     return _enabled
 

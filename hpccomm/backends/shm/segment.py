@@ -44,7 +44,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from ... import settings
+from ... import launcher_env, settings
 from ...work import poll
 
 #: Positions (int64 words) of the control words at the start of each rank's region.
@@ -59,8 +59,6 @@ PAGE = 4096
 DIRECTORY = "/dev/shm"
 
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-_JOB_ENVS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "JOB_ID",
-             "PMIX_NAMESPACE", "PMI_JOBID")
 _made = 0  # segments this process has created (part of the name)
 _barrier_window: Any = None
 
@@ -110,11 +108,8 @@ def _host() -> str:
 
 
 def _job() -> str:
-    for name in _JOB_ENVS:
-        value = os.environ.get(name)
-        if value:
-            return re.sub(r"[^A-Za-z0-9_.-]", "_", value)[:32]
-    return "job"
+    value = launcher_env.job_id()
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", value)[:32] if value else "job"
 
 
 def _new_name() -> str:
