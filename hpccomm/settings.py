@@ -281,6 +281,11 @@ SHM_SMALL = _declare(
     "Largest message of the small-collective path through shared memory (all_reduce, "
     "broadcast, all_gather, reduce_scatter, all_to_all, barrier); 0: MPI for small "
     "messages; unset: the measured sizes of each operation.")
+SHM_SPLIT = _declare(
+    "SHM_SPLIT", SIZE, None, "group creation",
+    "Bytes from which the small channel's all_reduce is split among 3 or more ranks (each "
+    "reduces one part, then copies the others'); 0: never; unset: the cost model's size "
+    "for the group (docs/performance.md).")
 SHM_CHUNK = _declare(
     "SHM_CHUNK", SIZE, 0, "group creation",
     "Bytes of one shared-memory ring slot, split among the ranks; 0: 512K, at least 64K "

@@ -17,7 +17,8 @@ through one reference:
   sums), so every result must equal the reference bit for bit, whatever order a path
   reduces in; only AVG over a group whose size is not a power of two is compared to
   rounding; MIN and MAX inputs hold NaNs now and then, which must win;
-* sizes: 0, 1, odd, around every threshold of the group's paths (the channel's limits,
+* sizes: 0, 1, odd, around every threshold of the group's paths (the channel's limits
+  and where its all_reduce splits,
   the ring's thresholds and slot, the MPI gate), and large;
 * an invalid call (a size not divisible by the group, mismatched dtypes, a read-only or
   non-contiguous output, a reduction the dtype does not have, a bad root) must raise
@@ -53,7 +54,9 @@ from helpers import environment, numpy_dtype  # noqa: E402
 #: differ from global ones; rank 0 is a non-member; one rank at a world of 2).
 CONFIGS = {
     "default": ({}, "all"),                                  # what hpccomm picks
-    "small": ({"HPCCOMM_SHM": "1", "HPCCOMM_SHM_SMALL": "64K"}, "all"),  # the C channel
+    # the C channel, its all_reduce split among 3 or more ranks from 64 bytes on
+    "small": ({"HPCCOMM_SHM": "1", "HPCCOMM_SHM_SMALL": "64K", "HPCCOMM_SHM_SPLIT": "64"},
+              "all"),
     "ring": ({"HPCCOMM_SHM": "1", "HPCCOMM_SHM_SMALL": "0", "HPCCOMM_SHM_MIN_BYTES": "1",
               "HPCCOMM_SHM_CHUNK": "4K"}, "all"),            # the shared-memory ring
     "mpi": ({"HPCCOMM_SHM": "0", "HPCCOMM_SHM_SMALL": "0"}, "all"),  # fast paths off
@@ -227,6 +230,8 @@ def thresholds(pg: Any) -> Dict[str, List[int]]:
                          ("reduce_scatter", base.REDUCE_SCATTER),
                          ("all_to_all", base.ALL_TO_ALL)):
             found[op].append(small.sizes[code])
+        if small.split_from:
+            found["all_reduce"].append(small.split_from)
     for op, attr, per_rank in (("all_reduce", "min_reduce", False),
                                ("reduce_scatter", "min_scatter", True),
                                ("all_gather", "min_gather", True),

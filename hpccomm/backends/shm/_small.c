@@ -8,6 +8,7 @@
  *
  *   [0]    posted: the sequence number of the last operation whose data is in its slot
  *   [128]  done:   the last operation this rank has finished reading
+ *   [192]  reduced: the last split all_reduce whose part this rank has reduced
  *   [256]  one 64-byte header per slot: seq, operation, bytes, element kind, reduction,
  *          root, written with the data, so a reader checks that every rank called the
  *          same operation with the same arguments
@@ -21,7 +22,19 @@
  * then the data (portable beyond x86's ordered stores and loads).
  *
  * Reductions read the slots in rank order, so every rank computes the same result,
- * bit for bit; the element kinds and their kernels are in _reduce.h. Copies
+ * bit for bit; the element kinds and their kernels are in _reduce.h.
+ *
+ * An all_reduce of at least `split_from` bytes (groups of 3 or more ranks) is split so
+ * that what a rank reads does not grow with the group: rank r reduces only part r (the
+ * r-th of n pieces of whole 64-byte lines) from every rank's slot into its own output,
+ * copies it back over part r of its own slot, whose input no other rank reads, and
+ * raises its `reduced` counter; once every rank's is raised, each copies the n - 1
+ * other reduced parts from their owners' slots. A rank reads about 2 S instead of n S,
+ * for one more hand-off of counters. Each part is still reduced in rank order, so the
+ * result is the same, bit for bit, as the whole reduction's.
+ *
+ * Every rank counts the bytes it reads and writes (`traffic`), its own slot included,
+ * so a test can check what an operation costs a rank at any group size. Copies
  * (broadcast, all_gather, all_to_all, barrier) take any element type it names.
  *
  * The object keeps a queue of operations started and not finished (async_op, or a wait
@@ -45,6 +58,7 @@ static const char *OP_NAMES[N_OPS] = {"barrier", "all_reduce", "broadcast", "all
 
 #define POSTED_AT 0
 #define DONE_AT 128
+#define REDUCED_AT 192 /* split all_reduce: the last operation whose part is reduced */
 #define HEADERS_AT 256
 #define HEADER_BYTES 64
 #define QUEUE 64 /* operations started and not finished, per communicator */
@@ -61,6 +75,7 @@ typedef struct {
 typedef struct {
     uint64_t seq;
     int op, kind, redop, root, posted;
+    int split, reduced;      /* split all_reduce; its part reduced and published */
     Py_ssize_t nbytes;       /* the operation's size, as every rank must give it */
     Py_ssize_t post_bytes;   /* bytes of this rank's contribution */
     Py_buffer send, recv;    /* recv.buf NULL: none (a barrier) */
@@ -80,6 +95,8 @@ typedef struct {
     int closed;                /* the segment is gone: every call raises */
     double slice;
     long yield_every;
+    Py_ssize_t split_from;     /* all_reduce bytes from which it is split (0: never) */
+    unsigned long long read, written; /* bytes this rank has read and written */
 } Small;
 
 static inline uint64_t load(Small *self, int rank, Py_ssize_t at)
@@ -104,11 +121,20 @@ static inline char *slot(Small *self, int rank, uint64_t seq)
            (Py_ssize_t)(seq % (uint64_t)self->slots) * self->slot_bytes;
 }
 
+/* Counts a copy of `nbytes` (read once, written once) in this rank's traffic. */
+static inline void copied(Small *self, Py_ssize_t nbytes)
+{
+    self->read += (unsigned long long)nbytes;
+    self->written += (unsigned long long)nbytes;
+}
+
 /* out = the reduction, in rank order, of `nbytes` at `offset` of every rank's slot */
 static void reduce_slots(Small *self, op_t *op, char *out, Py_ssize_t offset,
                          Py_ssize_t nbytes)
 {
     int r;
+    self->read += (unsigned long long)nbytes * (unsigned long long)self->size;
+    self->written += (unsigned long long)nbytes;
     combine(op->kind, op->redop, out, slot(self, 0, op->seq) + offset,
             slot(self, 1, op->seq) + offset, nbytes);
     for (r = 2; r < self->size; r++)
@@ -142,6 +168,10 @@ static void post(Small *self, op_t *op)
     h->nbytes = op->nbytes;
     store(self, POSTED_AT, op->seq);
     op->posted = 1;
+    op->split = op->op == OP_ALL_REDUCE && self->split_from > 0 && self->size > 2 &&
+                op->nbytes >= self->split_from;
+    self->read += (unsigned long long)op->post_bytes;
+    self->written += (unsigned long long)op->post_bytes;
 }
 
 /* Whether the ranks op reads from have posted it. */
@@ -187,12 +217,15 @@ static void finish(Small *self, op_t *op)
         reduce_slots(self, op, out, 0, op->nbytes);
         break;
     case OP_BROADCAST:
-        if (me != op->root)
+        if (me != op->root) {
             memcpy(out, slot(self, op->root, op->seq), (size_t)op->nbytes);
+            copied(self, op->nbytes);
+        }
         break;
     case OP_ALL_GATHER: /* nbytes: one rank's block */
         for (r = 0; r < self->size; r++)
             memcpy(out + r * op->nbytes, slot(self, r, op->seq), (size_t)op->nbytes);
+        copied(self, op->nbytes * self->size);
         break;
     case OP_REDUCE_SCATTER: /* nbytes: one rank's block of the result */
         reduce_slots(self, op, out, me * op->nbytes, op->nbytes);
@@ -201,12 +234,72 @@ static void finish(Small *self, op_t *op)
         block = op->nbytes;
         for (r = 0; r < self->size; r++)
             memcpy(out + r * block, slot(self, r, op->seq) + me * block, (size_t)block);
+        copied(self, block * self->size);
         break;
     }
     store(self, DONE_AT, op->seq);
 }
 
-/* One step of op: post it if its slot is free, finish it if its peers are there.
+/* -- the split all_reduce -------------------------------------------------------------- */
+
+/* Bytes of each part: n parts of whole 64-byte lines (a multiple of every element size),
+ * the last ones shorter or empty. Part r is [r * part, min((r + 1) * part, nbytes)). */
+static inline Py_ssize_t part_bytes(Small *self, op_t *op)
+{
+    Py_ssize_t lines = (op->nbytes + 63) / 64;
+    return (lines + self->size - 1) / self->size * 64;
+}
+
+static inline Py_ssize_t part_length(Small *self, op_t *op, int r)
+{
+    Py_ssize_t part = part_bytes(self, op), lo = r * part;
+    return lo >= op->nbytes ? 0 : (op->nbytes - lo < part ? op->nbytes - lo : part);
+}
+
+/* Reduce this rank's part from every slot into the output, publish it over the same
+ * part of this rank's slot (no other rank reads that part of it), raise `reduced`. */
+static void reduce_part(Small *self, op_t *op)
+{
+    int me = self->rank;
+    Py_ssize_t lo = me * part_bytes(self, op), len = part_length(self, op, me);
+    if (len) {
+        char *out = (char *)op->recv.buf + lo;
+        reduce_slots(self, op, out, lo, len);
+        memcpy(slot(self, me, op->seq) + lo, out, (size_t)len);
+        copied(self, len);
+    }
+    store(self, REDUCED_AT, op->seq);
+    op->reduced = 1;
+}
+
+/* Whether every other rank has published its reduced part of op. */
+static int parts_reduced(Small *self, op_t *op)
+{
+    int r;
+    for (r = 0; r < self->size; r++)
+        if (r != self->rank && load(self, r, REDUCED_AT) < op->seq)
+            return 0;
+    return 1;
+}
+
+/* Copy the other ranks' reduced parts from their slots, then raise `done`. */
+static void gather_parts(Small *self, op_t *op)
+{
+    int r;
+    Py_ssize_t part = part_bytes(self, op);
+    for (r = 0; r < self->size; r++) {
+        Py_ssize_t len = part_length(self, op, r);
+        if (r == self->rank || !len)
+            continue;
+        memcpy((char *)op->recv.buf + r * part, slot(self, r, op->seq) + r * part,
+               (size_t)len);
+        copied(self, len);
+    }
+    store(self, DONE_AT, op->seq);
+}
+
+/* One step of op: post it if its slot is free, finish it if its peers are there (a
+ * split all_reduce: reduce its part then, and finish once every part is reduced).
  * Returns 1 when finished, 0 when not yet, -1 on a mismatch (*bad: the rank). */
 static int step(Small *self, op_t *op, int *bad)
 {
@@ -215,11 +308,20 @@ static int step(Small *self, op_t *op, int *bad)
             return 0;
         post(self, op);
     }
-    if (!arrived(self, op))
+    if (!op->reduced) {
+        if (!arrived(self, op))
+            return 0;
+        if (mismatch(self, op, bad))
+            return -1;
+        if (!op->split) {
+            finish(self, op);
+            return 1;
+        }
+        reduce_part(self, op);
+    }
+    if (!parts_reduced(self, op))
         return 0;
-    if (mismatch(self, op, bad))
-        return -1;
-    finish(self, op);
+    gather_parts(self, op);
     return 1;
 }
 
@@ -397,12 +499,14 @@ not_here:
 static int Small_init(Small *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"rank", "size", "slots", "slot_bytes", "regions", "limits",
-                            "slice", "yield_every", NULL};
+                            "slice", "yield_every", "split_from", NULL};
     PyObject *regions, *limits;
     Py_ssize_t i;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiinOOdl", names, &self->rank,
+    self->split_from = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiinOOdl|n", names, &self->rank,
                                      &self->size, &self->slots, &self->slot_bytes,
-                                     &regions, &limits, &self->slice, &self->yield_every))
+                                     &regions, &limits, &self->slice, &self->yield_every,
+                                     &self->split_from))
         return -1;
     if (self->size < 2 || self->rank < 0 || self->rank >= self->size || self->slots < 2 ||
         self->slot_bytes % 64 || !PySequence_Check(regions) ||
@@ -639,8 +743,15 @@ static PyObject *Small_started(Small *self, void *Py_UNUSED(unused))
     return PyLong_FromUnsignedLongLong(self->next - 1);
 }
 
+static PyObject *Small_traffic(Small *self, void *Py_UNUSED(unused))
+{
+    return Py_BuildValue("(KK)", self->read, self->written);
+}
+
 static PyGetSetDef Small_getset[] = {
     {"started", (getter)Small_started, NULL, "operations started so far", NULL},
+    {"traffic", (getter)Small_traffic, NULL,
+     "(bytes read, bytes written) by this rank's operations so far", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -97,6 +97,28 @@ def limits(size: int, vendor: Optional[str] = None) -> Tuple[int, ...]:
     return tuple(out)
 
 
+#: The split all_reduce's cost model (see ``_small.c``). Whole, a rank reads ``n * S``
+#: bytes; split, about ``2 * S``, for one more hand-off of counters among the ranks. It
+#: splits when the bytes it saves, ``(n - 2) * S``, take longer to read and combine than
+#: that hand-off: ``S >= HANDOFF_S * COMBINE_BYTES_PER_S / (n - 2)``, with every part at
+#: least a 64-byte line. The constants are estimates for one node's cores (a hand-off
+#: of a cache line through the node, a core reducing from its peers' slots).
+HANDOFF_S = 1e-6
+COMBINE_BYTES_PER_S = 8e9
+
+
+def split_from(size: int) -> int:
+    """Bytes from which an all_reduce of ``size`` ranks is split (0: never), as the
+    model says or as ``HPCCOMM_SHM_SPLIT`` forces."""
+    forced = settings.SHM_SPLIT.get()
+    if size <= 2:
+        return 0
+    if forced is not None:
+        return forced
+    saved_per_byte = (size - 2) / (HANDOFF_S * COMBINE_BYTES_PER_S)
+    return max(64 * size, int(1 / saved_per_byte) // 64 * 64)
+
+
 def slot_bytes(size: int, sizes: Sequence[int]) -> int:
     """Bytes of one slot for the operation ``sizes`` of :func:`limits`."""
     posted = max(sizes[ALL_REDUCE], sizes[BROADCAST], sizes[ALL_GATHER],
@@ -119,14 +141,22 @@ class Channel:
         self.segment = Segment(node, head + SLOTS * self.slot_bytes, control=False)
         self.node = node
         self.timeout = timeout
+        #: Bytes from which an all_reduce is split among the ranks (0: never).
+        self.split_from = split_from(size)
         self.kernel = _small.Small(rank, size, SLOTS, self.slot_bytes,
                                    [region.ctypes.data for region in self.segment.regions],
-                                   self.sizes, SLICE_S, yield_every)
+                                   self.sizes, SLICE_S, yield_every, self.split_from)
         #: ``run(code, send, recv, redop, root)``: the whole synchronous operation.
         self.run = self.kernel.run
         #: ``sum_at(address, nbytes, kind)``: the same, for an in-place sum of memory
         #: the caller keeps (kinds from :func:`kind`).
         self.sum_at = self.kernel.sum_at
+
+    @property
+    def traffic(self) -> Tuple[int, int]:
+        """``(bytes read, bytes written)`` by this rank's operations on the channel so
+        far: its own slot and buffers included, the peers' slots read in place."""
+        return self.kernel.traffic
 
     def start(self, code: int, send: Any, recv: Any, redop: int = 0, root: int = 0
               ) -> Optional[Started]:
