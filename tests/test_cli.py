@@ -484,3 +484,18 @@ def test_console_script_is_declared_and_works():
     result = subprocess.run([str(script), "run", "--dry-run", "-n", "2", "a.py"],
                             capture_output=True, text=True, timeout=60, env=_env())
     assert result.returncode == 0 and "hpccomm.cli.rank_env a.py" in result.stdout
+
+
+def test_bench_explain_prints_a_path_and_a_reason_for_every_size():
+    """``hpccomm bench --explain`` starts no job (its agreement with live groups:
+    tests/test_shm_plan.py)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCCOMM_")}
+    out = subprocess.run([sys.executable, "-m", "hpccomm", "bench", "--explain", "-n", "16",
+                          "--ops", "all_reduce,send_recv", "--sizes", "8,64K,64M"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["all_reduce"] * 3 + ["send_recv"] * 3, out.stdout
+    assert "channel" in out.stdout and "split" in out.stdout and "reads 3 S instead of 17 S" \
+        in out.stdout, out.stdout
+    assert "shared-memory ring" in out.stdout.splitlines()[4], out.stdout

@@ -106,6 +106,18 @@ def _bench(args: argparse.Namespace) -> int:
     return bench.drive(args, launch_command)
 
 
+def _explain(args: argparse.Namespace) -> int:
+    """``hpccomm bench --explain``: the path of every operation and size at ``-n`` ranks
+    on one node; no job, and no MPI started in this process."""
+    import mpi4py
+
+    mpi4py.rc.initialize = mpi4py.rc.finalize = False  # only the library's name is needed
+    from . import bench
+
+    print(bench.explain(args, args.nproc, crowded=args.nproc > (os.cpu_count() or 1)))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``hpccomm`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -121,6 +133,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         except Exception as exc:
             print(f"hpccomm bench: {exc}", file=sys.stderr)
             return 2
+        if args.explain:
+            return _explain(args)
     try:
         command = run_command(args)
     except launch.LaunchError as exc:

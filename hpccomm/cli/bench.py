@@ -488,6 +488,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-serialized", action="store_true",
                    help="hpccomm bench: one job, without the MPI_THREAD_SERIALIZED column")
     # what one job of the alternation is told (alternate() passes them)
+    p.add_argument("--explain", action="store_true",
+                   help="print which path each operation and size takes at -n ranks on one "
+                        "node, and why, without running anything")
     p.add_argument("--raw-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--thread-level", choices=THREAD_LEVELS + ("other",), default=None,
                    help=argparse.SUPPRESS)
@@ -539,6 +542,19 @@ def drive(args: argparse.Namespace, launch_command: Callable[[List[str]], List[s
     return 0
 
 
+def explain(args: argparse.Namespace, n: int, crowded: bool) -> str:
+    """``--explain``: the path of each operation and size of ``args`` at ``n`` ranks on
+    one node, and why (:mod:`hpccomm.backends.shm.plan`)."""
+    from mpi4py import MPI
+
+    from ..backends.shm import pair, plan
+    from .bench_cases import case_count
+
+    ops, sizes = options(args)
+    cases = [(op, case_count(op, size, n) * 4) for op in ops for size in sizes]
+    return plan.explain(cases, n, MPI.get_vendor()[0], crowded, pair.available())
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run on every rank (under a launcher); rank 0 prints the table (or, with
     ``--samples-out``, writes the job's samples for :func:`merge` instead)."""
@@ -570,6 +586,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("hpccomm bench: needs at least 2 ranks (hpccomm bench -n 2)", file=sys.stderr)
         return 2
     quiet = args.samples_out is not None
+    if args.explain:  # in a job: the paths at its own size, on rank 0
+        from ..backends.mpi import placement
+
+        crowded = placement.crowded(MPI.COMM_WORLD)  # collective
+        if rank == 0:
+            print(explain(args, MPI.COMM_WORLD.size, crowded))
+        return 0
 
     def show(row: Dict[str, Any]) -> None:
         if rank == 0 and not quiet:

@@ -113,6 +113,16 @@ def _variants(case: Case, arrays: Tuple[Any, ...], tensors: Tuple[Any, ...], com
     }
 
 
+def case_count(op: str, nbytes: int, n: int) -> int:
+    """float32 elements of ``op`` at ``nbytes`` on ``n`` ranks: a multiple of ``n`` where
+    each rank has a block (nccl-tests' rounding)."""
+    count = max(1, nbytes // 4)
+    case = CASES.get(op)
+    if case is not None and case.buffers != "one":
+        count = -(-count // n) * n
+    return count
+
+
 def make_case(op: str, nbytes: int, comm: Any, td: Any = None, plain: Any = None,
               arena: Optional[np.ndarray] = None
               ) -> Tuple[int, Dict[str, Callable[[], Any]], Any]:
@@ -126,10 +136,8 @@ def make_case(op: str, nbytes: int, comm: Any, td: Any = None, plain: Any = None
     from .. import collectives, p2p
 
     n, rank = comm.size, comm.rank
-    count = max(1, nbytes // 4)
+    count = case_count(op, nbytes, n)
     case = CASES.get(op)
-    if case is not None and case.buffers != "one":
-        count = -(-count // n) * n
     view = _torch_view if td is not None else (lambda a: None)
     if case is not None:
         arrays = _buffers(case.buffers, count, n)

@@ -162,6 +162,16 @@ def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunic
     return shm_hier.HierarchicalCommunicator(comm, timeout, local, cross, min_bytes)
 
 
+def channel_caps(min_bytes: Dict[str, int], size: int) -> Dict[int, int]:
+    """Operation code -> the largest size the small channel may take below the ring's
+    thresholds ``min_bytes`` (sizes as the channel counts them), at ``size`` ranks."""
+    def start(name: str) -> int:
+        return max(1, min_bytes[name])
+    return {ALL_REDUCE: start("all_reduce") - 1, BROADCAST: start("broadcast") - 1,
+            ALL_GATHER: (start("all_gather") - 1) // size,
+            REDUCE_SCATTER: (start("reduce_scatter") - 1) // size}
+
+
 def _piece_bytes(chunk: int, size: int) -> int:
     """Bytes of one rank's piece of a ring slot: the slot split per rank, cache-line
     aligned; by default (``chunk`` 0) at least :data:`MIN_PIECE`."""
@@ -183,11 +193,9 @@ class SharedMemoryCommunicator(MPICommunicator):
         self.min_bcast = max(1, min_bytes["broadcast"])
         #: The small-collective channel (:mod:`.small`), else None: small operations go
         #: through MPI. It stops below the ring's thresholds (sizes as it counts them).
-        below = {ALL_REDUCE: self.min_reduce - 1, BROADCAST: self.min_bcast - 1,
-                 ALL_GATHER: (self.min_gather - 1) // self.size,
-                 REDUCE_SCATTER: (self.min_scatter - 1) // self.size}
         self.small = (shm_small.channel(node, self.rank, _work.spin_yield_every(), timeout,
-                                        below) if small else None)
+                                        channel_caps(min_bytes, self.size))
+                      if small else None)
         self.small_run = self.small.run if self.small is not None else None
         self._small_sizes = self.small.sizes if self.small is not None else (0,) * 6
         self.piece_bytes = piece_bytes

@@ -32,12 +32,18 @@ from ...work import Deferred, Started
 from ..mpi.communicator import MPICommunicator
 from . import progress as _progress
 
-#: The smallest all_reduce (bytes) that takes the three steps; below, flat MPI. Where
-#: the machine runs more ranks than it has CPUs, the steps are off unless
-#: ``HPCCOMM_SHM_MIN_BYTES`` asks for them: each shared-memory handshake may wait for a
-#: context switch there, and on 2 simulated nodes of 2 ranks on 2 cores the steps were
-#: 1.0-2.3x slower than hpccomm's flat MPI path up to 16 MiB (docs/performance.md).
-DEFAULT_MIN_BYTES = 1 << 20
+#: The smallest all_reduce (bytes) that takes the three steps; below, flat MPI. The
+#: steps add two passes through the node's memory and a handshake per chunk to what the
+#: network carries, so they pay where the bytes they take off the network outweigh
+#: those: on 2 simulated nodes of 8 ranks, one per core (the "network" there is the
+#: same memory, the least they can gain), they ran at 0.71x hpccomm's flat MPI path at
+#: 1 MiB, 0.94x at 4 MiB and 1.59x at 64 MiB, so they start at 16 MiB; a real network
+#: makes them pay earlier, which ``HPCCOMM_SHM_MIN_BYTES`` sets after a run of
+#: benchmarks/multinode.py there. Where the machine runs more ranks than it has CPUs,
+#: the steps are off unless that setting asks for them: each handshake may wait for a
+#: context switch (2 simulated nodes of 2 ranks on 2 cores: 1.0-2.3x slower than the
+#: flat path up to 16 MiB; docs/performance.md).
+DEFAULT_MIN_BYTES = 16 << 20
 
 #: The reductions the steps compute: the node's and the nodes' partial results combine
 #: with the same operation (AVG sums, then divides once).

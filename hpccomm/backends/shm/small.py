@@ -115,8 +115,15 @@ def split_from(size: int) -> int:
         return 0
     if forced is not None:
         return forced
-    saved_per_byte = (size - 2) / (HANDOFF_S * COMBINE_BYTES_PER_S)
-    return max(64 * size, int(1 / saved_per_byte) // 64 * 64)
+    even = HANDOFF_S * COMBINE_BYTES_PER_S / (size - 2)  # the size where both cost alike
+    return max(64 * size, int(even) // 64 * 64)
+
+
+def capped(size: int, below: Mapping[int, int], vendor: Optional[str] = None
+           ) -> Tuple[int, ...]:
+    """:func:`limits`, each at most ``below[code]`` (where the shared-memory ring starts)."""
+    return tuple(min(limit, below.get(code, limit))
+                 for code, limit in enumerate(limits(size, vendor)))
 
 
 def slot_bytes(size: int, sizes: Sequence[int]) -> int:
@@ -218,11 +225,7 @@ def channel(node: Any, rank: int, yield_every: int, timeout: Optional[float],
     ok = node.allreduce(available(), op=MPI.LAND)
     if not ok:
         return None
-    sizes = None
-    if node.Get_rank() == 0:
-        sizes = tuple(min(limit, below.get(code, limit))
-                      for code, limit in enumerate(limits(node.Get_size())))
-    sizes = node.bcast(sizes)
+    sizes = node.bcast(capped(node.Get_size(), below) if node.Get_rank() == 0 else None)
     if not any(sizes[1:]):
         return None
     try:
