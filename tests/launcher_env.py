@@ -35,15 +35,6 @@ def without_launcher(extra_prefixes=(), env=None, **extra):
     return clean
 
 
-def mpiexec():
-    """The ``mpiexec`` of the MPI library this Python's mpi4py loads (its venv's)."""
-    import shutil
-    import sys
-
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
-
-
 _VENDOR = []
 
 
