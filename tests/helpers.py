@@ -1,22 +1,48 @@
-"""What several test files share: running a case script as its own MPI job, reading its
+"""What several test files share: the one way a test starts a job, reading the job's
 ``RESULT`` lines, and the dtypes NumPy arrays are tested with.
+
+**Starting a job.** Every program a test starts under MPI goes through :func:`run_job`
+(or :func:`start_job`, for a test that acts while the job runs): ``run_job(argv, n=4)``
+runs ``mpiexec -n 4 argv`` (``argv``: one rank's command line, such as
+``[sys.executable, script, case]`` or ``[sys.executable, "-m", "pytest", ...]``) with the
+mpiexec that ``hpccomm run`` would use (:func:`launcher_env.find_mpiexec`: the
+``HPCCOMM_MPIEXEC`` setting, else the one next to this Python, else ``PATH``);
+``n=None`` runs ``argv`` as a plain process (``python -c ...``, ``hpccomm run``, a job
+script), with the same time limit and clean-up. The job
+
+* gets this process's environment without any launcher's per-process variables (a test
+  that runs under mpiexec itself must not hand its rank to the job), without the
+  variables of ``clean``, and with ``env``;
+* runs in a session of its own and ends when its last process does (a rank that its
+  launcher left behind may still write); its output goes to files, so nothing is lost
+  to a pipe that a stray process holds open. Past its time limit the launcher gets
+  SIGTERM, then every process of the session is killed, ranks included, and the test
+  fails showing the output the job wrote until then (``timeout_ok=True``: the
+  :class:`Job` comes back with ``timed_out`` set instead);
+* comes back as a :class:`Job`: exit status, stdout and stderr (and both together),
+  seconds, and the ``RESULT`` lines of its ranks.
 
 A *case script* (``tests/scripts/*_case.py``) runs one named scenario per job, often one
 that ends a rank (a kill, a timeout, an abort), which the test process itself must
 survive; each rank reports what it saw as ``RESULT rank=R key=value ...`` lines.
+:func:`run_case` runs one.
 """
 import contextlib
+import dataclasses
+import fnmatch
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Dict, List, NamedTuple, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
 
-from launcher_env import mpiexec
+from launcher_env import find_mpiexec, without_launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
@@ -26,36 +52,195 @@ SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 #: rendezvous does not inherit them from the test process.
 TORCH_LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                 "MASTER_PORT")
+#: Seconds a launcher past its time limit has to end its ranks (and remove its session
+#: files) after SIGTERM, before the whole job is killed.
+STOP_GRACE_S = 5
 
 
-def job_env(env: Dict[str, object], clean: Sequence[str] = ()) -> Dict[str, str]:
-    """The environment of a job a test starts: this process's, updated with ``env``
-    (values made strings), without the variables of ``clean`` that ``env`` does not set."""
-    full = dict(os.environ, **{name: str(value) for name, value in env.items()})
-    for name in clean:
-        if name not in env:
-            full.pop(name, None)
+def job_env(env: Optional[Mapping[str, object]] = None,
+            clean: Sequence[str] = ()) -> Dict[str, str]:
+    """The environment of a job a test starts: this process's without a launcher's
+    per-process variables and without the variables ``clean`` names (names, or patterns
+    such as ``"SLURM_*"``), updated with ``env`` (values made strings; a variable that
+    ``env`` sets is never cleaned)."""
+    full = {name: value for name, value in without_launcher().items()
+            if not any(fnmatch.fnmatchcase(name, pattern) for pattern in clean)}
+    full.update({name: str(value) for name, value in (env or {}).items()})
     return full
 
 
-class Job(NamedTuple):
-    code: int       # mpiexec's exit status
-    output: str     # stdout and stderr of every rank, together
-    seconds: float  # wall time of the whole job
+@dataclasses.dataclass
+class Job:
+    """What a job left. It unpacks as ``code, output, seconds``."""
+    code: int         # the launcher's exit status (the process's, without one); -N: signal N
+    stdout: str       # every rank's stdout
+    stderr: str       # every rank's stderr
+    seconds: float    # wall time of the whole job
+    timed_out: bool   # killed at its time limit
+    command: List[str]
+
+    @property
+    def output(self) -> str:
+        """stdout, then stderr."""
+        return self.stdout + self.stderr
+
+    @property
+    def results(self) -> List[Tuple[int, Dict[str, str]]]:
+        """The ranks' ``RESULT`` lines, as :func:`result_lines` reads them."""
+        return result_lines(self.output)
+
+    def __iter__(self):
+        return iter((self.code, self.output, self.seconds))
+
+
+def _text(data: bytes) -> str:
+    """A job's bytes as text, newlines as ``text=True`` reads them (a rank killed
+    mid-write may leave bytes that are no UTF-8, or NULs)."""
+    text = data.decode("utf-8", "replace").replace("\0", "")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+class RunningJob:
+    """A job started by :func:`start_job`; :meth:`finish` waits for it."""
+
+    def __init__(self, command: List[str], cwd: str, env: Dict[str, str],
+                 stdin: Optional[str], capture: bool):
+        self.command = command
+        self._outputs = [tempfile.TemporaryFile() for _ in range(2)] if capture else []
+        source = subprocess.DEVNULL
+        if stdin is not None:
+            source = tempfile.TemporaryFile()
+            source.write(stdin.encode())
+            source.seek(0)
+        self.started = time.monotonic()
+        try:
+            self.process = subprocess.Popen(
+                command, cwd=cwd, env=env, stdin=source,
+                stdout=self._outputs[0] if capture else None,
+                stderr=self._outputs[1] if capture else None, start_new_session=True)
+        finally:
+            if stdin is not None:
+                source.close()
+
+    def poll(self) -> Optional[int]:
+        """The launcher's exit status, ``None`` while it runs."""
+        return self.process.poll()
+
+    def processes(self) -> Optional[List[int]]:
+        """The job's live processes: the launcher until it is reaped, and every process of
+        its session (its ranks, which may sit in process groups of their own: Open
+        MPI's do). ``None`` where there is no ``/proc`` to read them from."""
+        leader = self.process.pid
+        # Only while the launcher is not reaped is its pid certainly still its own.
+        found = [leader] if self.process.returncode is None else []
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return None
+        for entry in entries:
+            if entry.isdigit() and int(entry) != leader:
+                try:
+                    with open(f"/proc/{entry}/stat") as handle:
+                        fields = handle.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue  # gone meanwhile
+                if int(fields[3]) == leader and fields[0] != "Z":  # state ppid pgrp session
+                    found.append(int(entry))
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL every process of the job: the launcher and its ranks."""
+        pids = self.processes()
+        if pids is None:  # no /proc: the launcher's own process group
+            pids = [-self.process.pid] if self.process.returncode is None else []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def finish(self, limit: float, timeout_ok: bool = False) -> Job:
+        """Wait up to ``limit`` more seconds for the job to end (the launcher and every
+        process it started), and return what it left. Past ``limit`` the launcher gets
+        SIGTERM and :data:`STOP_GRACE_S` to end its ranks, then whatever is left of the
+        job is killed, and the calling test fails showing the output so far
+        (``timeout_ok``: the job comes back with ``timed_out`` set)."""
+        deadline = time.monotonic() + limit
+        timed_out = False
+        try:
+            try:
+                self.process.wait(timeout=limit)
+                # A rank the launcher left behind is still the job's (it may yet write).
+                while self.processes() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                timed_out = bool(self.processes())
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:  # also when the test itself is interrupted: the job goes with it
+            self.kill()
+            self.process.wait()
+        seconds = time.monotonic() - self.started
+        outputs = []
+        for handle in self._outputs:
+            handle.seek(0)
+            outputs.append(_text(handle.read()))
+            handle.close()
+        stdout, stderr = outputs or ("", "")
+        job = Job(self.process.returncode, stdout, stderr, seconds, timed_out, self.command)
+        if timed_out and not timeout_ok:
+            pytest.fail(f"{' '.join(self.command)}\nwas killed with its ranks after its "
+                        f"time limit of {limit:g} s; its output until then:\n"
+                        f"{job.output[-20000:]}", pytrace=False)
+        return job
+
+
+def launch_command(argv: Sequence[str], n: Optional[int] = None,
+                   launcher_args: Sequence[str] = ()) -> List[str]:
+    """The command line that runs ``argv`` as a job of ``n`` ranks: ``mpiexec
+    [launcher_args] -n n argv`` (``n=None``: ``argv`` itself)."""
+    command = [str(arg) for arg in argv]
+    if n is None:
+        if launcher_args:
+            raise ValueError("launcher_args without a launcher (n=None)")
+        return command
+    return [find_mpiexec(), *map(str, launcher_args), "-n", str(n), *command]
+
+
+def start_job(argv: Sequence[str], n: Optional[int] = None, *,
+              env: Optional[Mapping[str, object]] = None, clean: Sequence[str] = (),
+              launcher_args: Sequence[str] = (), cwd: "str | os.PathLike" = ROOT,
+              stdin: Optional[str] = None, capture: bool = True) -> RunningJob:
+    """Start ``argv`` as a job of ``n`` ranks (``mpiexec [launcher_args] -n n argv``;
+    ``n=None``: ``argv`` alone, no launcher) in ``cwd``, in a session of its own.
+    ``env``/``clean``: as :func:`job_env`. ``stdin``: the text the job reads (else
+    nothing). ``capture=False``: its output goes to this process's, not to the
+    :class:`Job`."""
+    return RunningJob(launch_command(argv, n, launcher_args), str(cwd), job_env(env, clean),
+                      stdin, capture)
+
+
+def run_job(argv: Sequence[str], n: Optional[int] = None, *, limit: float = 90,
+            timeout_ok: bool = False, **options) -> Job:
+    """Run ``argv`` as a job of ``n`` ranks (``n=None``: as a plain process) and return
+    what it left (see the module's docstring); ``limit``: its time limit in seconds.
+    ``options``: those of :func:`start_job` (``env``, ``clean``, ``launcher_args``,
+    ``cwd``, ``stdin``, ``capture``)."""
+    return start_job(argv, n, **options).finish(limit, timeout_ok)
 
 
 def run_case(script: str, case: str, n: int, limit: float = 90, clean: Sequence[str] = (),
-             mpiexec_args: Sequence[str] = (), stdin: "str | None" = None, **env) -> Job:
+             launcher_args: Sequence[str] = (), stdin: Optional[str] = None, **env) -> Job:
     """``tests/scripts/<script> <case>`` as its own job of ``n`` ranks, killed after
     ``limit`` seconds. ``env``: variables for the job (values made strings); ``clean``:
     variables of this process's environment the job must not inherit unless ``env``
     sets them (a suite run at a debug level must not change what a case sees)."""
-    full = job_env(env, clean)
-    start = time.monotonic()
-    done = subprocess.run([mpiexec(), *mpiexec_args, "-n", str(n), sys.executable,
-                           os.path.join(SCRIPTS, script), case], cwd=ROOT, env=full,
-                          input=stdin, capture_output=True, text=True, timeout=limit)
-    return Job(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+    return run_job([sys.executable, os.path.join(SCRIPTS, script), case], n, limit=limit,
+                   env=env, clean=clean, launcher_args=launcher_args, stdin=stdin)
 
 
 def result_lines(output: str) -> List[Tuple[int, Dict[str, str]]]:

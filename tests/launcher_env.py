@@ -1,4 +1,5 @@
-"""The environment for a job that a test starts itself (``mpiexec``, ``hpccomm run``...).
+"""The environment for a job that a test starts itself (``mpiexec``, ``hpccomm run``...),
+and which mpiexec starts it.
 
 A test may run under a launcher; a job it starts must not inherit that launcher's
 per-process variables (this process's rank, its PMI/PMIx connection), or the new job's
@@ -7,6 +8,11 @@ Open MPI's permission to run as root and to oversubscribe (``OMPI_ALLOW_RUN_AS_R
 ``PRTE_MCA_*``), MCA parameters, Intel MPI's ``I_MPI_*`` options.
 """
 import os
+
+# The mpiexec of a test's job is the one ``hpccomm run`` uses: the setting
+# HPCCOMM_MPIEXEC, else the mpiexec (or mpirun) next to this Python, else PATH's. Tests
+# import the product's launcher module here and nowhere else.
+from hpccomm.cli.launch import find_mpiexec  # noqa: F401  (tests/helpers.py starts jobs with it)
 
 #: Variables a launcher sets for each process it starts (by prefix).
 PER_PROCESS = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
@@ -27,15 +33,6 @@ def without_launcher(extra_prefixes=(), env=None, **extra):
     clean = {k: v for k, v in env.items() if not k.startswith(drop) or k.startswith(SETTINGS)}
     clean.update(extra)
     return clean
-
-
-def mpiexec():
-    """The ``mpiexec`` of the MPI library this Python's mpi4py loads (its venv's)."""
-    import shutil
-    import sys
-
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
 
 
 _VENDOR = []

@@ -30,14 +30,12 @@ import glob
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 
-from launcher_env import mpiexec  # this directory is the script's: sys.path[0]
-
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import launch_command, run_job  # noqa: E402  (sys.path[0]: this directory)
 from hpccomm.testing import outcomes as counting  # noqa: E402  (counting, skip reasons)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,30 +58,30 @@ SKIP_REASONS = counting.SKIP_PATTERNS + [
 
 
 def simulated_nodes(nodes):
-    """The environment of a job whose ranks act as ``nodes`` nodes of consecutive ranks:
+    """The variables that make a job's ranks act as ``nodes`` nodes of consecutive ranks:
     MPICH simulates them inside MPI (its cliques), other libraries through hpccomm's own
-    ``HPCCOMM_NODES``; ``None`` for one node."""
+    ``HPCCOMM_NODES``; none for one node."""
     if nodes <= 1:
-        return None
+        return {}
     import importlib.metadata
 
     try:
         importlib.metadata.version("mpich")
     except importlib.metadata.PackageNotFoundError:
-        return dict(os.environ, HPCCOMM_NODES=str(nodes))
-    return dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(nodes), MPIR_CVAR_CLIQUES_BY_BLOCK="1")
+        return {"HPCCOMM_NODES": str(nodes)}
+    return {"MPIR_CVAR_NUM_CLIQUES": str(nodes), "MPIR_CVAR_CLIQUES_BY_BLOCK": "1"}
 
 
-def run(cmd, label, env=None):
-    print(f"\n===== {label}: {' '.join(cmd)}", flush=True)
-    start = time.time()
-    try:
-        code = subprocess.run(cmd, cwd=ROOT, timeout=RUN_LIMIT_S, env=env).returncode
-        code = 0 if code == 5 else code  # 5: pytest collected no test
-    except subprocess.TimeoutExpired:
+def run(argv, label, n=None, env=None):
+    """Run ``argv`` (as ``n`` ranks, or alone), its output straight to this terminal;
+    its exit status, -1 if it outlived RUN_LIMIT_S and was killed with its ranks."""
+    print(f"\n===== {label}: {' '.join(launch_command(argv, n))}", flush=True)
+    job = run_job(argv, n, env=env, limit=RUN_LIMIT_S, timeout_ok=True, capture=False)
+    code = 0 if job.code == 5 else job.code  # 5: pytest collected no test
+    if job.timed_out:
         print(f"!!!!! {label} exceeded {RUN_LIMIT_S} s and was killed", flush=True)
         code = -1
-    print(f"===== {label}: exit {code} after {time.time() - start:.1f} s", flush=True)
+    print(f"===== {label}: exit {code} after {job.seconds:.1f} s", flush=True)
     return code
 
 
@@ -204,11 +202,11 @@ def main():
     env = simulated_nodes(args.nodes)
     placed = f" as {args.nodes} nodes" if args.nodes > 1 else ""
     for n in [int(x) for x in args.ranks.split(",") if x]:
-        cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pytest", "-q", "-m", "mpi",
-               "--with-mpi", "-p", "no:cacheprovider", "--hpccomm-rank0-output",
-               f"--hpccomm-rank-log-dir={REPORTS}/n{n}",
-               f"--junitxml={REPORTS}/n{n}-rank{{rank}}.xml", *extra]
-        code = run(cmd, f"MPI tests at {n} ranks{placed}", env)
+        argv = [sys.executable, "-m", "pytest", "-q", "-m", "mpi", "--with-mpi", "-p",
+                "no:cacheprovider", "--hpccomm-rank0-output",
+                f"--hpccomm-rank-log-dir={REPORTS}/n{n}",
+                f"--junitxml={REPORTS}/n{n}-rank{{rank}}.xml", *extra]
+        code = run(argv, f"MPI tests at {n} ranks{placed}", n, env)
         outcomes.update(collect(f"n={n}{placed}", f"n{n}-rank{{rank}}.xml", n, code, problems))
         for log in sorted(glob.glob(os.path.join(REPORTS, f"n{n}", "rank-*.log"))):
             rank = os.path.basename(log)[len("rank-"):-len(".log")]

@@ -18,10 +18,7 @@ import zlib
 import numpy as np
 import pytest
 
-import launcher_env
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from helpers import run_job, start_job
 
 
 # -- the state used by the tests: global arrays and their uneven splits ---------------------
@@ -141,19 +138,18 @@ def script(mode, path):
     print(f"OK {mode} rank {rank}/{size}")
 
 
-def mpiexec(n, mode, path, timeout=180):
-    launcher = launcher_env.mpiexec()
-    done = subprocess.run([launcher, "-n", str(n), sys.executable, __file__, mode, path],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count(f"OK {mode}") == n, done.stdout
-    return done.stdout
+def run_script(n, mode, path, limit=180):
+    """This file as a script of ``n`` ranks: ``python tests/test_checkpoint.py MODE PATH``."""
+    job = run_job([sys.executable, __file__, mode, path], n, limit=limit)
+    assert job.code == 0, job.output
+    assert job.stdout.count(f"OK {mode}") == n, job.stdout
+    return job.stdout
 
 
 # -- serial tests ----------------------------------------------------------------------------
 def test_save_at_4_load_at_1_2_4_8_any_placement(tmp_path):
     path = str(tmp_path / "ckpt.h5")
-    mpiexec(4, "save", path)
+    run_script(4, "save", path)
     import h5py
 
     with h5py.File(path, "r") as h5file:
@@ -164,23 +160,20 @@ def test_save_at_4_load_at_1_2_4_8_any_placement(tmp_path):
         np.testing.assert_array_equal(h5file["model/b"][...],
                                       global_array("model/b", (4, 9), np.int32))
     for n in (1, 2, 4, 8):
-        mpiexec(n, "load", path)
+        run_script(n, "load", path)
     assert [p for p in os.listdir(tmp_path) if "tmp" in p] == []
 
 
 def test_killed_save_leaves_previous_checkpoint(tmp_path):
     path = str(tmp_path / "ckpt.h5")
-    mpiexec(2, "save", path)
+    run_script(2, "save", path)
     before = os.path.getmtime(path)
-    launcher = launcher_env.mpiexec()
     # A launcher killed with SIGKILL leaves its session files (Open MPI: /tmp/ompi.<pid>
     # with a socket named by its pid): a later launcher that gets the same pid would fail
     # to start, so this one keeps them in a directory of its own (short: socket paths
     # are limited to 108 characters).
     session = tempfile.mkdtemp(prefix="hpccomm-kill-")
-    job = subprocess.Popen([launcher, "-n", "2", sys.executable, __file__, "slow-save", path],
-                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True, env=dict(os.environ, TMPDIR=session))
+    job = start_job([sys.executable, __file__, "slow-save", path], 2, env={"TMPDIR": session})
     try:
         deadline = time.time() + 90
         while time.time() < deadline and not (glob.glob(str(tmp_path / ".ckpt.h5.tmp-*"))
@@ -190,19 +183,19 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path):
         assert job.poll() is None, "the save finished before it could be killed"
     finally:
         pids = [int(open(p).read()) for p in glob.glob(str(tmp_path / "pid.*"))]
-        os.killpg(job.pid, signal.SIGKILL)
+        job.kill()
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        job.wait(timeout=30)
+        job.finish(limit=30)
         shutil.rmtree(session, ignore_errors=True)
     leftovers = glob.glob(str(tmp_path / ".ckpt.h5.tmp-*"))
     assert leftovers, "the killed save should have left its temporary file"
     assert os.path.getmtime(path) == before
-    mpiexec(1, "load-same", path)  # the previous checkpoint, version 1, intact
-    out = mpiexec(1, "expect-error", leftovers[0])
+    run_script(1, "load-same", path)  # the previous checkpoint, version 1, intact
+    out = run_script(1, "expect-error", leftovers[0])
     assert "incomplete" in out or "not a readable HDF5 file" in out
 
 

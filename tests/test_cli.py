@@ -13,7 +13,7 @@ import pytest
 
 from hpccomm import cli, excepthook
 from hpccomm.cli import launch, rank_env
-from launcher_env import mpiexec, without_launcher
+from helpers import job_env, run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = """\
@@ -26,9 +26,14 @@ sys.stdout.flush()
 """
 
 
+#: What a job here does not inherit from this process (it may run under a launcher or in
+#: a Slurm job, at any hpccomm setting).
+CLEAN = ("SLURM_*", "HPCCOMM_*")
+
+
 def _env(**extra):
     """This environment without any launcher or Slurm variable (tests may run under one)."""
-    return without_launcher(("SLURM_", "HPCCOMM_"), **extra)
+    return job_env(extra, CLEAN)
 
 
 _FACTS = {}
@@ -84,9 +89,10 @@ def _local_rank(hello_line):
     return hello_line.split("(local rank ")[1].split(")")[0]
 
 
-def hpccomm(*args, env=None, timeout=90, cwd=None):
-    return subprocess.run([sys.executable, "-m", "hpccomm", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env or _env(), cwd=cwd)
+def hpccomm(*args, env=None, timeout=90, cwd=ROOT):
+    """``hpccomm ARGS`` (``python -m hpccomm``) with ``env`` set, in ``cwd``."""
+    return run_job([sys.executable, "-m", "hpccomm", *args], env=env, clean=CLEAN,
+                   limit=timeout, cwd=cwd)
 
 
 # -- hpccomm run with mpiexec -------------------------------------------------------------
@@ -94,7 +100,7 @@ def test_run_sets_torchrun_variables_per_rank(tmp_path):
     script = tmp_path / "show_env.py"
     script.write_text(ENV_SCRIPT)
     result = hpccomm("run", "-n", "3", str(script), "--lr", "0.1", "pos")
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     rows = sorted(line.split()[1:] for line in result.stdout.splitlines()
                   if line.startswith("ENV "))
     assert [row[:2] for row in rows] == [[str(r), "3"] for r in range(3)]
@@ -107,8 +113,8 @@ def test_run_sets_torchrun_variables_per_rank(tmp_path):
 def test_run_module_target(tmp_path):
     (tmp_path / "envmod.py").write_text(ENV_SCRIPT)
     result = hpccomm("run", "-n", "2", "-m", "envmod", "x", cwd=str(tmp_path),
-                     env=_env(PYTHONPATH=str(tmp_path)))
-    assert result.returncode == 0, result.stderr
+                     env={"PYTHONPATH": str(tmp_path)})
+    assert result.code == 0, result.stderr
     rows = sorted(line.split()[1:5] for line in result.stdout.splitlines()
                   if line.startswith("ENV "))
     assert [(row[0], row[1], row[3]) for row in rows] == [("0", "2", "2"), ("1", "2", "2")]
@@ -119,7 +125,7 @@ def test_run_module_target(tmp_path):
 def test_run_hpccomm_program(tmp_path):
     """A real hpccomm program under ``hpccomm run``: init, allreduce, ranks agree with RANK."""
     result = hpccomm("run", "-n", "2", str(ROOT / "jobscripts" / "hello.py"))
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     hello = sorted(line for line in result.stdout.splitlines() if line.startswith("hello"))
     assert len(hello) == 2
     assert hello[0].startswith("hello from rank 0 of world size 2")
@@ -137,7 +143,7 @@ def test_exception_after_init_aborts_every_rank(tmp_path):
     start = time.monotonic()
     result = hpccomm("run", "-n", "3", str(script), timeout=90)
     assert time.monotonic() - start < 45, "the other ranks were not aborted"
-    assert result.returncode != 0
+    assert result.code != 0
     assert "SURVIVED" not in result.stdout
     assert "hpccomm: uncaught exception on rank 1 of 3:" in result.stderr
     assert "ZeroDivisionError: rank one divides by zero" in result.stderr
@@ -158,7 +164,7 @@ def test_exception_before_mpi_init_ends_the_job(tmp_path):
     start = time.monotonic()
     result = hpccomm("run", "-n", "2", str(script), timeout=90)
     assert time.monotonic() - start < 45
-    assert result.returncode != 0 and "SURVIVED" not in result.stdout
+    assert result.code != 0 and "SURVIVED" not in result.stdout
     assert "hpccomm: uncaught exception on rank 0:" in result.stderr
     assert "RuntimeError: bad config" in result.stderr
 
@@ -170,7 +176,7 @@ def test_abort_opt_out_lets_other_ranks_finish(tmp_path, how):
         "import os\nif os.environ['RANK'] == '1':\n    raise ValueError('only me')\n"
         "print('FINISHED', os.environ['RANK'], flush=True)\n")
     args = ["run", "-n", "2", str(script)]
-    env = _env(HPCCOMM_NO_ABORT_ON_EXCEPTION="1") if how == "env" else _env()
+    env = {"HPCCOMM_NO_ABORT_ON_EXCEPTION": "1"} if how == "env" else {}
     if how == "flag":
         args.insert(1, "--no-abort-on-exception")
     result = hpccomm(*args, env=env)
@@ -178,20 +184,20 @@ def test_abort_opt_out_lets_other_ranks_finish(tmp_path, how):
         assert "FINISHED 0" in result.stdout  # as soon as a rank exits non-zero
     assert "ValueError: only me" in result.stderr
     assert "aborts the whole job" not in result.stderr
-    assert result.returncode != 0
+    assert result.code != 0
 
 
 # -- job scripts that need no scheduler to try --------------------------------------------
 @pytest.mark.parametrize("hostfile", [False, True])
 def test_mpirun_job_script(tmp_path, hostfile):
-    env = _env(NP="3", HPCCOMM_PYTHON=sys.executable)
+    env = {"NP": "3", "HPCCOMM_PYTHON": sys.executable}
     if hostfile:  # this host once per rank: read by -f (Hydra) or --hostfile (Open MPI)
         import socket
         (tmp_path / "hosts").write_text(f"{socket.gethostname()}\n" * 3)
         env["HOSTFILE"] = str(tmp_path / "hosts")
-    result = subprocess.run(["bash", str(ROOT / "jobscripts" / "mpirun.sh")], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    result = run_job(["bash", str(ROOT / "jobscripts" / "mpirun.sh")], env=env, clean=CLEAN,
+                     limit=120)
+    assert result.code == 0, result.stderr
     hello = [line for line in result.stdout.splitlines() if line.startswith("hello from rank")]
     assert sorted(line.split()[3] for line in hello) == ["0", "1", "2"]
     assert sorted(_local_rank(line) for line in hello) == ["0 of 3", "1 of 3", "2 of 3"]
@@ -203,11 +209,11 @@ def test_pbs_job_script_with_a_node_file(tmp_path):
     import socket
     nodefile = tmp_path / "nodes"
     nodefile.write_text(f"{socket.gethostname()}\n" * 2)
-    env = _env(PBS_NODEFILE=str(nodefile), PBS_O_WORKDIR=str(ROOT),
-               HPCCOMM_PYTHON=sys.executable)
-    result = subprocess.run(["bash", str(ROOT / "jobscripts" / "pbs.sh")], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    env = {"PBS_NODEFILE": str(nodefile), "PBS_O_WORKDIR": str(ROOT),
+           "HPCCOMM_PYTHON": sys.executable}
+    result = run_job(["bash", str(ROOT / "jobscripts" / "pbs.sh")], env=env, clean=CLEAN,
+                     cwd=tmp_path, limit=120)
+    assert result.code == 0, result.stderr
     assert result.stdout.count("of world size 2") == 2 and "allreduce sum 1" in result.stdout
 
 
@@ -266,12 +272,10 @@ def test_auto_picks_srun_inside_an_allocation(tmp_path):
 
 def test_run_errors_are_reported():
     no_n = hpccomm("run", "script.py")
-    assert no_n.returncode == 2 and "give the number of processes with -n" in no_n.stderr
-    env = _env(PATH="/nonexistent")
-    no_srun = subprocess.run([sys.executable, "-m", "hpccomm", "run", "--launcher", "srun",
-                              "-n", "2", "x.py"], capture_output=True, text=True, timeout=60,
-                             env=env)
-    assert no_srun.returncode == 2 and "srun is not on PATH" in no_srun.stderr
+    assert no_n.code == 2 and "give the number of processes with -n" in no_n.stderr
+    no_srun = hpccomm("run", "--launcher", "srun", "-n", "2", "x.py", timeout=60,
+                      env={"PATH": "/nonexistent"})
+    assert no_srun.code == 2 and "srun is not on PATH" in no_srun.stderr
     with pytest.raises(launch.LaunchError, match="at least 1"):
         launch.build_command(["x.py"], nprocs=0, launcher="mpiexec")
 
@@ -280,7 +284,7 @@ def test_run_errors_are_reported():
 def test_bench_measures_hpccomm_against_mpi4py_on_two_ranks():
     result = hpccomm("bench", "-n", "2", "--ops", "all_reduce,send_recv", "--sizes", "8,1K",
                      "--budget", "0.02")
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines()
             if line.startswith(("all_reduce ", "send_recv "))]
     assert [(row[0], " ".join(row[1:3])) for row in rows] == [
@@ -302,7 +306,7 @@ def test_bench_measures_hpccomm_against_mpi4py_on_two_ranks():
 def test_bench_options_are_checked_before_starting_ranks():
     dry = hpccomm("bench", "--dry-run", "-n", "4", "--ops", "all", "--sizes", "8,2M",
                   "--no-serialized")
-    assert dry.returncode == 0, dry.stderr
+    assert dry.code == 0, dry.stderr
     words = dry.stdout.split()
     assert words[1:3] == ["-n", "4"] and words[-7:] == [
         "hpccomm.cli.bench", "--ops", "all", "--sizes", "8,2M", "--budget", "0.5"]
@@ -310,16 +314,16 @@ def test_bench_options_are_checked_before_starting_ranks():
     # reuses the first's batch lengths (the first pair of --repeats is shown)
     dry = hpccomm("bench", "--dry-run", "-n", "4", "--sizes", "8", "--budget", "0.6",
                   "--repeats", "2")
-    assert dry.returncode == 0, dry.stderr
+    assert dry.code == 0, dry.stderr
     first, second = [line.split() for line in dry.stdout.splitlines()]
     assert first[1:3] == second[1:3] == ["-n", "4"]
     assert first[first.index("--budget") + 1] == "0.3" and "--raw-only" not in first
     assert second[-7:-4] == ["--raw-only", "--thread-level", "other"]
     assert second[-2:] == ["--inner-from", first[-1]]
     bad = hpccomm("bench", "--ops", "all_reduce,teleport")
-    assert bad.returncode == 2 and "unknown operation(s) teleport" in bad.stderr
+    assert bad.code == 2 and "unknown operation(s) teleport" in bad.stderr
     bad = hpccomm("bench", "--sizes", "8,lots")
-    assert bad.returncode == 2 and "not a size" in bad.stderr
+    assert bad.code == 2 and "not a size" in bad.stderr
 
 
 def test_bench_merges_the_jobs_of_both_thread_levels():
@@ -391,9 +395,9 @@ def test_excepthook_install_is_idempotent_and_opt_out(monkeypatch):
 
 # -- hpccomm info ------------------------------------------------------------------------
 def test_info_reports_mpi_and_environment():
-    env = _env(SLURM_JOB_ID="123", SLURM_NTASKS="4", NCCL_DEBUG="INFO")
+    env = {"SLURM_JOB_ID": "123", "SLURM_NTASKS": "4", "NCCL_DEBUG": "INFO"}
     text = hpccomm("info", env=env)
-    assert text.returncode == 0, text.stderr
+    assert text.code == 0, text.stderr
     facts = _mpi_facts()  # what this interpreter's mpi4py loads is what info reports
     library, vendor = facts["library"], facts["vendor"]
     for needle in ("hpccomm:", "version: ", "Python:", "MPI:", f"library: {library}",
@@ -416,10 +420,9 @@ def test_info_reports_mpi_and_environment():
 
 
 def test_info_reports_the_placement_of_simulated_nodes():
-    env = _env(HPCCOMM_NODES="2")
-    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "hpccomm", "info",
-                           "--json"], capture_output=True, text=True, timeout=90, env=env)
-    assert done.returncode == 0, done.stderr
+    done = run_job([sys.executable, "-m", "hpccomm", "info", "--json"], 2,
+                   env={"HPCCOMM_NODES": "2"}, clean=CLEAN, limit=90)
+    assert done.code == 0, done.stderr
     decoder, text, reports, worlds = json.JSONDecoder(), done.stdout, [], []
     while text.strip():  # one JSON report per rank, in rank order
         report, end = decoder.raw_decode(text.lstrip())
@@ -438,9 +441,8 @@ def test_info_reports_the_placement_of_simulated_nodes():
 def test_info_under_a_launcher_prints_the_job_from_rank_0():
     """Rank 0 prints its report in full and each other rank's differences, so the
     launcher has no two ranks' output to interleave."""
-    done = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "hpccomm", "info"],
-                          capture_output=True, text=True, timeout=90, env=_env())
-    assert done.returncode == 0, done.stderr
+    done = run_job([sys.executable, "-m", "hpccomm", "info"], 3, clean=CLEAN, limit=90)
+    assert done.code == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines.count("hpccomm:") == 1 and lines[0] == "hpccomm:", done.stdout
     assert "  world: rank 0 of 3" in lines, done.stdout
@@ -489,11 +491,10 @@ def test_console_script_is_declared_and_works():
 def test_bench_explain_prints_a_path_and_a_reason_for_every_size():
     """``hpccomm bench --explain`` starts no job (its agreement with live groups:
     tests/test_shm_plan.py)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCCOMM_")}
-    out = subprocess.run([sys.executable, "-m", "hpccomm", "bench", "--explain", "-n", "16",
-                          "--ops", "all_reduce,send_recv", "--sizes", "8,64K,64M"],
-                         capture_output=True, text=True, timeout=60, env=env)
-    assert out.returncode == 0, out.stderr
+    out = run_job([sys.executable, "-m", "hpccomm", "bench", "--explain", "-n", "16",
+                   "--ops", "all_reduce,send_recv", "--sizes", "8,64K,64M"], limit=60,
+                  clean=("HPCCOMM_*",))
+    assert out.code == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines()[2:]]
     assert [row[0] for row in rows] == ["all_reduce"] * 3 + ["send_recv"] * 3, out.stdout
     assert "channel" in out.stdout and "split" in out.stdout and "reads 3 S instead of 17 S" \

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher_env import without_launcher
+from helpers import job_env, run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
@@ -46,10 +46,13 @@ def _install_or_skip():
         pytest.skip(f"installed {missing}, but cmake or Lmod's {LMOD_INIT} is still missing")
 
 
+#: What the build and the module's shell do not inherit from this process: its launcher,
+#: Slurm, pytest and hpccomm settings, its modules, and the PYTHONPATH to this checkout.
+CLEAN = ("SLURM_*", "PYTEST_*", "HPCCOMM_*", "LMOD*", "MODULE*", "PYTHONPATH")
+
+
 def _clean_env():
-    env = without_launcher(("SLURM_", "PYTEST_", "HPCCOMM_", "LMOD", "MODULE"))
-    env.pop("PYTHONPATH", None)
-    return env
+    return job_env({}, CLEAN)
 
 
 class Installed:
@@ -72,8 +75,7 @@ class Installed:
         """Run bash ``script`` after ``module load hpccomm/<version>``."""
         text = (f"set -e\nsource {LMOD_INIT}\nmodule use {self.modules}\n"
                 f"module load hpccomm/{self.version}\n{script}\n")
-        return subprocess.run(["bash", "-c", text], capture_output=True, text=True,
-                              timeout=timeout, env=_clean_env(), cwd=cwd)
+        return run_job(["bash", "-c", text], clean=CLEAN, limit=timeout, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,7 @@ def test_module_load_imports_hpccomm_from_the_prefix(installed):
         "print(\"FILE\", hpccomm.__file__); print(\"VERSION\", m.version(\"hpccomm\"))'\n"
         "module unload hpccomm\necho AFTER=$PYTHONPATH")
     out = result.stdout
-    assert result.returncode == 0, out + result.stderr
+    assert result.code == 0, out + result.stderr
     assert f"hpccomm/{installed.version}" in out
     assert f"PYTHONPATH={installed.site}" in out
     assert f"HPCCOMM={installed.prefix}/bin/hpccomm" in out
@@ -131,7 +133,7 @@ def test_module_commands_run_a_job(installed):
         "hpccomm run -n 2 $HPCCOMM_ROOT/share/hpccomm/jobscripts/hello.py\n"
         "mpiexec -n 2 hpccomm-mpi-hello\nhpccomm info --no-mpi | grep location")
     out = result.stdout
-    assert result.returncode == 0, out + result.stderr
+    assert result.code == 0, out + result.stderr
     assert out.count("allreduce sum 1") == 2
     assert "mpi hello: rank 1 of 2" in out
     assert f"location: {installed.site}/hpccomm" in out
@@ -141,7 +143,7 @@ def test_ctest_under_the_mpi_launcher(installed):
     result = installed.with_module(f"ctest --test-dir {installed.build} --output-on-failure",
                                    timeout=900)
     out = result.stdout
-    assert result.returncode == 0, out[-6000:] + result.stderr[-2000:]
+    assert result.code == 0, out[-6000:] + result.stderr[-2000:]
     assert "100% tests passed" in out
     passed = {line.split()[3] for line in out.splitlines()
               if line.strip().endswith("sec") and "Passed" in line and "Test #" in line}

@@ -5,19 +5,17 @@ counts the communicators made and prints one ``MESH8 {json}`` line from rank 0.
 """
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 
-from launcher_env import mpiexec
+from helpers import run_job
 
 import hpccomm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = mpiexec()
 
 
 def _data(rank, n=5):
@@ -364,10 +362,9 @@ def _check_membership(dist, rank, members, mesh, grid, non_member):
 
 def test_non_members_carry_on_at_4_ranks():
     """The same across a whole program, in its own job with short timeouts."""
-    proc = _run([MPIEXEC, "-n", "4", sys.executable,
-                 os.path.join(ROOT, "tests", "scripts", "device_mesh_case.py"), "nonmember"],
-                timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run([sys.executable, os.path.join(ROOT, "tests", "scripts", "device_mesh_case.py"),
+                 "nonmember"], 4, limit=120)
+    assert proc.code == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("RESULT nonmember ok") == 4, proc.stdout[-3000:]
 
 
@@ -501,16 +498,15 @@ def test_2x2_makes_only_the_communicators_used(dist, rank, size):
 
 
 # -- 8 ranks: a 2x2x2 mesh, in a subprocess ------------------------------------------------
-def _run(args, timeout):
+def _run(argv, n, limit):
+    """``argv`` as a job of ``n`` ranks that imports this checkout's hpccomm."""
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path)
-    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_job(argv, n, limit=limit, env={"PYTHONPATH": path})
 
 
 def test_2x2x2_mesh_at_8_ranks():
-    proc = _run([MPIEXEC, "-n", "8", sys.executable, os.path.abspath(__file__)], timeout=150)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run([sys.executable, os.path.abspath(__file__)], 8, limit=150)
+    assert proc.code == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("MESH8 ")]
     assert len(lines) == 1, proc.stdout[-3000:]
     report = json.loads(lines[0][len("MESH8 "):])
@@ -522,8 +518,8 @@ def test_2x2x2_mesh_at_8_ranks():
 
 def test_tp_matmul_example_at_4_ranks():
     script = os.path.join(ROOT, "examples", "tp_matmul.py")
-    proc = _run([MPIEXEC, "-n", "4", sys.executable, script], timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run([sys.executable, script], 4, limit=120)
+    assert proc.code == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "equals the NumPy product" in proc.stdout
 
 

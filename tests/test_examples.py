@@ -1,14 +1,12 @@
 """The programs in examples/ run under mpiexec and check their own results."""
 import os
-import subprocess
 import sys
 
 import pytest
 
-from launcher_env import mpiexec
+from helpers import run_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = mpiexec()
 
 EXPECTED = {
     "ring_allreduce.py": "matches all_reduce",
@@ -22,9 +20,7 @@ EXPECTED = {
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("example", sorted(EXPECTED))
 def test_example_runs_under_mpiexec(example, n):
-    result = subprocess.run([MPIEXEC, "-n", str(n), sys.executable,
-                             os.path.join(ROOT, "examples", example)],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_job([sys.executable, os.path.join(ROOT, "examples", example)], n, limit=120)
+    assert result.code == 0, result.output
     assert EXPECTED[example] in result.stdout
     assert f"over {n} ranks" in result.stdout or f"on {n} ranks" in result.stdout

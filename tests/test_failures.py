@@ -12,20 +12,20 @@
 The cases are tests/scripts/failure_case.py.
 """
 import concurrent.futures
+import functools
 import os
 import re
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from launcher_env import mpi_vendor, mpiexec, without_launcher
+import helpers
+from helpers import run_job
+from launcher_env import mpi_vendor
 from hpccomm.stores import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASE = os.path.join(ROOT, "tests", "scripts", "failure_case.py")
 EXAMPLE = os.path.join(ROOT, "examples", "elastic_data_parallel.py")
 #: Runs of each traceback case: the loss was a race seen about once in ten runs.
 REPEATS = int(os.environ.get("HPCCOMM_TEST_FAILURE_REPEATS", "30"))
@@ -35,15 +35,11 @@ AT_ONCE = 2
 JOB_END_S = 20
 
 
-def run(case, n=2, limit=60, ulfm=False, **env):
-    """``(exit status, output, seconds)`` of ``mpiexec -n n python failure_case.py case``."""
-    full = without_launcher(("HPCCOMM_",), **{k: str(v) for k, v in env.items()})
-    launcher = [mpiexec()] + (["--with-ft", "ulfm"] if ulfm else [])
-    start = time.monotonic()
-    done = subprocess.run(launcher + ["-n", str(n), sys.executable, CASE, case], cwd=ROOT,
-                          env=full, capture_output=True, timeout=limit)
-    output = (done.stdout + done.stderr).decode("utf-8", "replace").replace("\0", "")
-    return done.returncode, output, time.monotonic() - start
+#: A case of tests/scripts/failure_case.py as its own job, at none of this process's
+#: hpccomm settings.
+run_case = functools.partial(helpers.run_case, "failure_case.py", limit=60, clean=("HPCCOMM_*",))
+#: Open MPI's launcher arguments for a job with ULFM.
+ULFM = ("--with-ft", "ulfm")
 
 
 def results(output):
@@ -70,7 +66,7 @@ TRACEBACK_CASES = {
 def _one_traceback_run(case):
     """``(lost, what happened)``: the job must end (the run's limit bounds it, whatever
     time the start-up took on a busy machine) with the traceback in its output."""
-    code, output, elapsed = run(case, MASTER_PORT=free_port())
+    code, output, elapsed = run_case(case, 2, MASTER_PORT=free_port())
     lost = (code == 0 or TRACEBACK_CASES[case] not in output
             or "aborts the whole job" not in output or "not reached" in output)
     return lost, f"exit {code} after {elapsed:.1f} s:\n{output}"
@@ -92,7 +88,7 @@ def test_no_traceback_is_lost(case):
 @pytest.mark.parametrize("how", ["sigkill", "exit"])
 def test_a_dead_rank_ends_the_job_within_a_bound(n, how):
     vendor = mpi_vendor()
-    code, output, elapsed = run(how, n=n, limit=JOB_END_S + 30)
+    code, output, elapsed = run_case(how, n, limit=JOB_END_S + 30)
     assert elapsed < JOB_END_S and code != 0, (code, elapsed, output)
     # Who says which rank died, by library (docs/never-hang.md, "When a rank dies").
     if vendor == "Open MPI":
@@ -113,7 +109,7 @@ def _needs_ulfm():
 @pytest.mark.parametrize("n", [3, 4])
 def test_survivors_name_the_dead_rank_shrink_agree_and_go_on(n):
     _needs_ulfm()
-    code, output, _ = run("survive", n=n, ulfm=True, CASE_TIMEOUT=10)
+    code, output, _ = run_case("survive", n, launcher_args=ULFM, CASE_TIMEOUT=10)
     found = results(output)
     survivors = [r for r in range(n) if r != 1]
     assert sorted(r for r in found if "failed" in found[r]) == survivors, output
@@ -135,7 +131,8 @@ def test_survivors_name_the_dead_rank_shrink_agree_and_go_on(n):
 def test_torch_survivors_shrink_and_train_again():
     _needs_ulfm()
     pytest.importorskip("torch", reason="torch is not installed: the torch case needs it")
-    code, output, _ = run("torch_survive", n=3, ulfm=True, limit=120, CASE_TIMEOUT=30)
+    code, output, _ = run_case("torch_survive", 3, launcher_args=ULFM, limit=120,
+                               CASE_TIMEOUT=30)
     found = results(output)
     for new_rank, rank in enumerate([0, 2]):
         assert found[rank]["failed"] == "[1]", output
@@ -147,7 +144,7 @@ def test_torch_survivors_shrink_and_train_again():
 
 def test_a_failed_receive_names_the_sender_and_stops_the_others():
     _needs_ulfm()
-    code, output, _ = run("survive_p2p", n=3, ulfm=True, CASE_TIMEOUT=10)
+    code, output, _ = run_case("survive_p2p", 3, launcher_args=ULFM, CASE_TIMEOUT=10)
     found = results(output)
     assert sorted(found) == [0, 2], output
     assert "recv (seq 2) with peer 1" in found[0]["error"]
@@ -158,11 +155,10 @@ def test_a_failed_receive_names_the_sender_and_stops_the_others():
 
 def test_elastic_example_recovers_under_ulfm():
     _needs_ulfm()
-    done = subprocess.run([mpiexec(), "--with-ft", "ulfm", "-n", "4", sys.executable, EXAMPLE],
-                          cwd=ROOT, env=without_launcher(("HPCCOMM_",)), capture_output=True,
-                          text=True, timeout=120)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
+    done = run_job([sys.executable, EXAMPLE], 4, launcher_args=ULFM, clean=("HPCCOMM_*",),
+                   limit=120)
+    output = done.output
+    assert done.code == 0, output
     assert "rank 2: dying at step 13" in output
     assert "going on with 3 ranks" in output
     assert "trained 40 steps, finishing on 3 ranks; the weights match" in output

@@ -11,14 +11,12 @@ A framework that is not installed is skipped, naming the extra that installs it.
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import warnings
 
 import pytest
 
-from helpers import TORCH_LAUNCH, job_env
-from launcher_env import mpiexec
+from helpers import TORCH_LAUNCH, run_job
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'hpccomm[torch]'); "
                                     "the torch backend is untested")
@@ -41,17 +39,17 @@ CASES = {
 GLOO_TEARDOWN = "terminate called without an active exception"
 
 
-def launch(command, finished=None):
-    """Run ``command``; it must exit 0, unless ``finished()`` says that every rank wrote
-    its results and the output shows gloo's teardown crash (the reference runs only)."""
-    done = subprocess.run(command, cwd=ROOT, env=job_env({}, TORCH_LAUNCH),
-                          capture_output=True, text=True, timeout=LIMIT)
-    output = done.stdout + done.stderr
-    if done.returncode != 0 and finished is not None and finished() and (
+def launch(argv, n=None, finished=None):
+    """Run ``argv`` (as ``n`` ranks under mpiexec, or alone); it must exit 0, unless
+    ``finished()`` says that every rank wrote its results and the output shows gloo's
+    teardown crash (the reference runs only)."""
+    done = run_job(argv, n, clean=TORCH_LAUNCH, limit=LIMIT)
+    output = done.output
+    if done.code != 0 and finished is not None and finished() and (
             GLOO_TEARDOWN in output):
         warnings.warn(f"the gloo reference crashed at exit after its work: {GLOO_TEARDOWN}")
         return output
-    assert done.returncode == 0, output[-6000:]
+    assert done.code == 0, output[-6000:]
     return output
 
 
@@ -69,12 +67,11 @@ def trained(recipe, n, backend, tmp_path):
     out.mkdir()
     script = os.path.join(RECIPES, recipe)
     if backend == "gloo":  # gloo needs torchrun's variables: hpccomm run --torch sets them
-        command = [sys.executable, "-m", "hpccomm", "run", "--torch", "-n", str(n), script,
-                   "--backend", "gloo", "--out", str(out)]
+        launch([sys.executable, "-m", "hpccomm", "run", "--torch", "-n", str(n), script,
+                "--backend", "gloo", "--out", str(out)],
+               finished=lambda: all((out / f"rank{r}.json").exists() for r in range(n)))
     else:  # as the recipe says: plain mpiexec, the backend's default choice
-        command = [mpiexec(), "-n", str(n), sys.executable, script, "--out", str(out)]
-    launch(command, finished=(lambda: all((out / f"rank{r}.json").exists() for r in range(n)))
-           if backend == "gloo" else None)
+        launch([sys.executable, script, "--out", str(out)], n)
     return weights(out, n)
 
 
@@ -139,8 +136,6 @@ def test_torch_mpi_backend_script_runs_unchanged(n, tmp_path):
 
 def test_without_hpccomm_torch_the_script_gets_torch_s_own_error(tmp_path):
     script = os.path.join(ROOT, "examples", "torch_mpi_backend.py")
-    done = subprocess.run([mpiexec(), "-n", "1", sys.executable, script], cwd=ROOT,
-                          env=job_env({}, TORCH_LAUNCH), capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode != 0
-    assert "Distributed package doesn't have MPI built in" in done.stdout + done.stderr
+    done = run_job([sys.executable, script], 1, clean=TORCH_LAUNCH, limit=120)
+    assert done.code != 0
+    assert "Distributed package doesn't have MPI built in" in done.output

@@ -1,29 +1,18 @@
 """Start-up and shut-down, each case in a fresh process (serial tests run mpiexec)."""
-import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
 import hpccomm
-from launcher_env import mpiexec, without_launcher
-
-MPIEXEC = mpiexec()
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import run_job
 
 
 def run_program(code, n=None, env=None, timeout=60):
-    """Run ``code`` in fresh processes (under mpiexec -n N if given); return the result."""
-    cmd = [sys.executable, "-c", textwrap.dedent(code)]
-    if n is not None:
-        cmd = [MPIEXEC, "-n", str(n)] + cmd
-    full_env = without_launcher(("SLURM_",))
-    full_env.pop("RANK", None)
-    full_env.pop("WORLD_SIZE", None)
-    full_env.update(env or {})
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env=full_env)
+    """Run ``code`` in fresh processes (under mpiexec -n N if given), outside any Slurm
+    job or torch launch unless ``env`` says so; return the :class:`helpers.Job`."""
+    return run_job([sys.executable, "-c", textwrap.dedent(code)], n, env=env,
+                   clean=("SLURM_*", "RANK", "WORLD_SIZE"), limit=timeout)
 
 
 def test_use_before_init_is_a_clear_error():
@@ -39,7 +28,7 @@ def test_use_before_init_is_a_clear_error():
         assert not dist.is_initialized() and dist.group.WORLD is None
         print("ok")
     """)
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     assert "ok" in result.stdout
 
 
@@ -49,7 +38,7 @@ def test_import_is_light():
         heavy = [m for m in ("mpi4py.MPI", "cupy", "h5py", "torch") if m in sys.modules]
         print("heavy:", heavy)
     """)
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     assert "heavy: []" in result.stdout
 
 
@@ -62,7 +51,7 @@ def test_singleton_without_launcher_is_a_world_of_one():
         print(dist.get_rank(), dist.get_world_size(), x.tolist())
         dist.destroy_process_group()
     """)
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     assert "0 1 [0.0, 1.0, 2.0]" in result.stdout
 
 
@@ -81,7 +70,7 @@ def test_destroy_then_init_again_and_mpi4py_first():
         MPI.COMM_WORLD.Barrier()        # user's MPI still works
         print("rounds ok", MPI.COMM_WORLD.Get_rank())
     """, n=2)
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     assert result.stdout.count("rounds ok") == 2
 
 
@@ -117,7 +106,7 @@ def test_launcher_variables_that_disagree_are_warned_about():
         print([str(w.message) for w in caught])
         dist.destroy_process_group()
     """, env={"SLURM_PROCID": "3", "SLURM_NTASKS": "8"})
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     assert "SLURM_PROCID=3, SLURM_NTASKS=8" in result.stdout and "disagree" in result.stdout
 
 
@@ -156,7 +145,7 @@ def test_waits_yield_often_when_ranks_outnumber_cpus(forced, expected):
         os.write(1, (" ".join(map(str, line)) + "\\n").encode())  # one write per line
         dist.destroy_process_group()
     """, n=3, env={"HPCCOMM_OVERSUBSCRIBED": forced})
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 3
     for line in lines:

@@ -10,23 +10,20 @@ on every library.
 import functools
 import os
 import re
-import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
 
-from helpers import ROOT
+import helpers
+from helpers import ROOT, run_job
 from helpers import result_lines as results
-from helpers import run_case as run_job
-from launcher_env import mpiexec
 
 from hpccomm.backends.mpi import gate as mpi_gate
 
 #: A case of tests/scripts/call_pattern_case.py as its own job.
-run_case = functools.partial(run_job, "call_pattern_case.py")
+run_case = functools.partial(helpers.run_case, "call_pattern_case.py")
 KiB = 1024
 
 
@@ -189,14 +186,11 @@ def test_a_timed_out_test_does_not_make_the_next_ones_wait(tmp_path):
         def test_later(dist, i):
             dist.all_reduce(np.ones(2))
     """))
-    env = dict(os.environ, HPCCOMM_TEST_TIMEOUT="2", HPCCOMM_ROLLCALL_GRACE="0.2")
-    start = time.monotonic()
-    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "pytest", "-q",
-                           "--color=no", "-p", "no:cacheprovider", "-m", "mpi", "--with-mpi",
-                           "--rootdir", str(tmp_path), str(tmp_path / "test_broken.py")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
-    elapsed = time.monotonic() - start
-    output = done.stdout + done.stderr
+    done = run_job([sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider",
+                    "-m", "mpi", "--with-mpi", "--rootdir", str(tmp_path),
+                    str(tmp_path / "test_broken.py")], 2, cwd=tmp_path, limit=90,
+                   env={"HPCCOMM_TEST_TIMEOUT": "2", "HPCCOMM_ROLLCALL_GRACE": "0.2"})
+    elapsed, output = done.seconds, done.output
     assert "not run: the default group is unusable since" in output, output
     # rank 0: the late test fails, the five after it error at once in their fixture
     assert re.search(r"1 failed, 5 errors", output), output

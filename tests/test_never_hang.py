@@ -15,12 +15,12 @@ import sys
 import numpy as np
 import pytest
 
+import helpers
 from helpers import ROOT, result_lines
-from helpers import run_case as run_job
 
 #: A case of tests/scripts/never_hang_case.py as its own job; the diagnostics' settings
 #: of this process (a suite run at a debug level) reach it only where a test sets them.
-run_case = functools.partial(run_job, "never_hang_case.py", limit=60, clean=(
+run_case = functools.partial(helpers.run_case, "never_hang_case.py", limit=60, clean=(
     "HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR",
     "HPCCOMM_TRACE_BUFFER", "HPCCOMM_NO_ABORT_ON_EXCEPTION"))
 

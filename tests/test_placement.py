@@ -3,12 +3,12 @@ per core, unbound, more ranks than CPUs, and simulated nodes, each as its own jo
 this venv's MPI library. The poll policy and the shared-memory thresholds follow it."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from launcher_env import mpi_vendor, mpiexec, without_launcher
+from helpers import run_job
+from launcher_env import mpi_vendor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE = os.path.join(ROOT, "tests", "scripts", "placement_case.py")
@@ -29,12 +29,11 @@ def binding(kind):
 def job(n, placed=((), {}), **env):
     """Every rank's facts, by rank."""
     flags, extra = placed
-    full = without_launcher(("HPCCOMM_",), **{k: str(v) for k, v in {**extra, **env}.items()})
-    done = subprocess.run([mpiexec(), *flags, "-n", str(n), sys.executable, CASE], cwd=ROOT,
-                          env=full, capture_output=True, text=True, timeout=90)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_job([sys.executable, CASE], n, launcher_args=flags, env={**extra, **env},
+                   clean=("HPCCOMM_*",), limit=90)
+    assert done.code == 0, done.output
     facts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert sorted(f["rank"] for f in facts) == list(range(n)), done.stdout + done.stderr
+    assert sorted(f["rank"] for f in facts) == list(range(n)), done.output
     return sorted(facts, key=lambda f: f["rank"])
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher_env import mpiexec, without_launcher
+from helpers import run_job
+from launcher_env import without_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_TESTS = """\
@@ -43,15 +44,11 @@ def _pytest(tmp_path, tests, options, ranks=2, timeout=180):
     """pytest on the user's test file ``tests`` under ``mpiexec -n ranks`` (``None``:
     a serial pytest), in ``tmp_path``."""
     (tmp_path / "test_user.py").write_text(tests)
-    env = without_launcher(("SLURM_", "PYTEST_"))
-    env["PYTHONPATH"] = str(ROOT)
-    env["COLUMNS"] = "100"  # the same report whatever the caller's terminal width
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no",
-           *_plugin_args(), *options, "test_user.py"]
-    if ranks is not None:
-        cmd = [mpiexec(), "-n", str(ranks), *cmd]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_job([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no",
+                    *_plugin_args(), *options, "test_user.py"], ranks, cwd=tmp_path,
+                   clean=("SLURM_*", "PYTEST_*"), limit=timeout,
+                   # COLUMNS: the same report whatever the caller's terminal width
+                   env={"PYTHONPATH": str(ROOT), "COLUMNS": "100"})
 
 
 def _run_user_tests(tmp_path, *options):
@@ -91,7 +88,7 @@ def test_tmp_path_is_new_for_each_test(hpccomm_dist, hpccomm_tmp_path):
 def test_rank0_output_shows_one_rank_and_logs_the_others(tmp_path):
     logs = tmp_path / "logs"
     result = _run_user_tests(tmp_path, "--hpccomm-rank0-output", f"--hpccomm-rank-log-dir={logs}")
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.code == 0, result.stdout + result.stderr
     assert "USER-OUTPUT-OF-RANK-0" in result.stdout
     assert "USER-OUTPUT-OF-RANK-1" not in result.stdout + result.stderr
     assert result.stdout.count("1 passed") == 1
@@ -102,7 +99,7 @@ def test_rank0_output_shows_one_rank_and_logs_the_others(tmp_path):
 
 def test_without_the_option_every_rank_reports(tmp_path):
     result = _run_user_tests(tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.code == 0, result.stdout + result.stderr
     assert "USER-OUTPUT-OF-RANK-0" in result.stdout and "USER-OUTPUT-OF-RANK-1" in result.stdout
     assert result.stdout.count("1 passed") == 2
 
@@ -210,7 +207,7 @@ def lockstep_run(tmp_path_factory):
 def test_lockstep_reports_a_one_rank_failure_once_and_goes_on(lockstep_run):
     result, _, _ = lockstep_run
     out = result.stdout
-    assert result.returncode == 1, out + result.stderr
+    assert result.code == 1, out + result.stderr
     assert out.count("FAILED test_user.py::test_fails_on_rank_1_only") == 1, out
     failures = out.split("short test summary info")[0]
     assert failures.count("failed on rank 1 of 4: AssertionError: rank 1 disagrees") == 1, out
@@ -261,7 +258,7 @@ def test_lockstep_rank_stuck_in_c_is_reported_and_the_job_ends(tmp_path):
     result = _pytest(tmp_path, STUCK_IN_C_TESTS, ["-q", f"--hpccomm-test-timeout={TEST_TIMEOUT_S}"],
                      ranks=2, timeout=150)
     out = result.stdout
-    assert result.returncode != 0, out + result.stderr
+    assert result.code != 0, out + result.stderr
     assert f"rank 1 of 2 did not finish within the test's timeout ({TEST_TIMEOUT_S} s)" in out, out
     assert "----- rank 1: never reported" in out
     assert "MPI.COMM_WORLD.Recv(np.empty(1), source=0, tag=999)" in out  # its stack
@@ -300,7 +297,7 @@ def test_serial():
 def test_parallel_marker_from_a_serial_pytest_runs_each_size(tmp_path):
     result = _pytest(tmp_path, SIZES_TESTS, ["-v"], ranks=None)
     out = result.stdout
-    assert result.returncode == 1, out + result.stderr
+    assert result.code == 1, out + result.stderr
     for name in ("test_sum", "test_fails_at_four"):
         for n, outcome in ((1, "PASSED"), (2, "PASSED"), (4, "PASSED")):
             if name == "test_fails_at_four" and n == 4:
@@ -335,7 +332,7 @@ def test_a_job_that_outlives_its_reports_is_killed_and_its_outcomes_stand(tmp_pa
     result = _pytest(tmp_path, tests, ["-v", "-k", "test_sum or test_serial",
                                        "--hpccomm-job-exit-grace=3"], ranks=None)
     out = result.stdout
-    assert result.returncode == 0, out + result.stderr
+    assert result.code == 0, out + result.stderr
     assert "test_user.py::test_sum[n=2] PASSED" in out, out
     assert "test_user.py::test_serial PASSED" in out, out
     assert ("the job of 2 ranks (" in out and "had not ended 3 s after its last test "
@@ -377,16 +374,16 @@ def test_lockstep_implies_with_mpi_and_says_so(tmp_path):
     tests = USER_TESTS + "\n\ndef test_plain():\n    pass\n"
     result = _pytest(tmp_path, tests, ["-rs", "--hpccomm-lockstep"], ranks=2)
     out = result.stdout
-    assert result.returncode == 0, out + result.stderr
+    assert result.code == 0, out + result.stderr
     assert "2 passed" in out and "skipped" not in out, out
     assert "hpccomm: --hpccomm-lockstep implies pytest-mpi's --with-mpi" in out, out  # header
     given = _pytest(tmp_path, tests, ["-q", "--hpccomm-lockstep", "--with-mpi"], ranks=2)
-    assert given.returncode == 0 and "implies" not in given.stdout, given.stdout
+    assert given.code == 0 and "implies" not in given.stdout, given.stdout
 
 
 def test_parallel_marker_under_mpiexec_runs_the_job_size(tmp_path):
     result = _pytest(tmp_path, SIZES_TESTS, ["-q", "-rs", "--hpccomm-lockstep"], ranks=2)
     out = result.stdout
-    assert result.returncode == 0, out + result.stderr
+    assert result.code == 0, out + result.stderr
     assert ("3 passed, 5 skipped" in out and "skipped: 2 needs 1 rank, 2 needs 4 ranks, "
             "1 no GPU" in out), out

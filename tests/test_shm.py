@@ -21,16 +21,16 @@ import time
 import numpy as np
 import pytest
 
+import helpers
 from helpers import COMPLEX, INTS, NUMPY_DTYPES, RTOL, environment, result_lines
 from helpers import node_rank, node_size  # noqa: F401 (fixtures: rank and size on the node)
 from helpers import numpy_dtype as dtype_of
-from helpers import run_case as run_job
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 #: A case of tests/scripts/shm_case.py as its own job, outside any debug level or
 #: shared-memory setting of this process.
-run_case = functools.partial(run_job, "shm_case.py", clean=(
+run_case = functools.partial(helpers.run_case, "shm_case.py", clean=(
     "HPCCOMM_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR", "HPCCOMM_SHM"))
 
 SIZES = [1, 7, 1001, 4099]  # one element, odd, and several ring slots at tiny chunks

@@ -9,14 +9,13 @@ state machine when the peer is late, a mismatch between the ranks raising instea
 hanging, and ranks that do not all have the kernel agreeing to do without it.
 """
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 
-from launcher_env import mpiexec
+from helpers import run_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE = os.path.join(ROOT, "tests", "scripts", "shm_kernel_case.py")
@@ -182,16 +181,12 @@ def test_a_mismatch_in_the_direct_form_raises_instead_of_hanging(dist, rank, siz
 
 def test_ranks_without_the_kernel_everywhere_keep_the_numpy_steps():
     """HPCCOMM_SHM_KERNEL=0 on one rank only: the group runs the NumPy steps on both."""
-    env = dict(os.environ)
-    for name in ("HPCCOMM_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR", "HPCCOMM_SHM",
-                 "HPCCOMM_SHM_KERNEL"):
-        env.pop(name, None)
-    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, CASE], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    output = done.stdout + done.stderr
+    done = run_job([sys.executable, CASE], 2, limit=120, clean=(
+        "HPCCOMM_DISTRIBUTED_DEBUG", "HPCCOMM_TRACE_DIR", "HPCCOMM_SHM", "HPCCOMM_SHM_KERNEL"))
+    output = done.output
     lines = sorted(line for line in output.splitlines() if line.startswith("RESULT "))
     if any("no-kernel-built" in line for line in lines):
         pytest.skip("hpccomm's C helper backends/shm/_pair.c is not built")
-    assert done.returncode == 0, output
+    assert done.code == 0, output
     assert lines == ["RESULT rank=0 kernel=False sum=ok",
                      "RESULT rank=1 kernel=False sum=ok"], output

@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from helpers import TORCH_LAUNCH, job_env, result_lines
-from launcher_env import mpiexec
+from helpers import TORCH_LAUNCH, result_lines, run_job
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'hpccomm[torch]'); "
                                     "the torch backend is untested")
@@ -23,10 +22,8 @@ CASE = os.path.join(ROOT, "tests", "scripts", "torch_case.py")
 def run(args, n=None, limit=120, **env):
     """``python args`` (under ``mpiexec -n n`` if ``n``): its exit status and output.
     torch's launch variables reach it only when ``env`` sets them."""
-    cmd = ([mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + list(args)
-    done = subprocess.run(cmd, cwd=ROOT, env=job_env(env, TORCH_LAUNCH), capture_output=True,
-                          text=True, timeout=limit)
-    return done.returncode, done.stdout + done.stderr
+    job = run_job([sys.executable, *args], n, env=env, clean=TORCH_LAUNCH, limit=limit)
+    return job.code, job.output
 
 
 # -- packaging -------------------------------------------------------------------------------

@@ -11,17 +11,17 @@ in ``NOT_PORTED.md``.
 """
 import os
 import re
-import subprocess
 import sys
 from datetime import timedelta
 
 import numpy as np
 import pytest
 
-from launcher_env import mpiexec
+from helpers import run_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MPIEXEC = mpiexec()
+#: A job here imports this checkout's hpccomm.
+PYTHONPATH = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
 
 
 def _line(full, rank, dims):
@@ -696,12 +696,10 @@ def test_get_all_submeshes(dist, rank, size, mesh_mod, mesh_shape):
 def _run_case(case, ranks, timeout=120):
     """tests/scripts/device_mesh_case.py CASE as its own MPI job; its combined output."""
     script = os.path.join(ROOT, "tests", "scripts", "device_mesh_case.py")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, script, case],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    proc = run_job([sys.executable, script, case], ranks, env={"PYTHONPATH": PYTHONPATH},
+                   limit=timeout)
+    out = proc.output
+    assert proc.code == 0, out[-4000:]
     return out
 
 
@@ -710,11 +708,9 @@ def test_device_mesh_port_at_8_ranks():
     here = os.path.dirname(os.path.abspath(__file__))
     files = [os.path.join(here, name) for name in
              ("test_device_mesh_port.py", "test_device_mesh_collectives_port.py")]
-    env = dict(os.environ, HPCCOMM_TEST_TIMEOUT="20", PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    cmd = [MPIEXEC, "-n", "8", sys.executable, "-m", "pytest", "-q", "-x", "-m", "mpi",
-           "--with-mpi", "-p", "no:cacheprovider", *files]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    proc = run_job([sys.executable, "-m", "pytest", "-q", "-x", "-m", "mpi", "--with-mpi", "-p",
+                    "no:cacheprovider", *files], 8, limit=420,
+                   env={"HPCCOMM_TEST_TIMEOUT": "20", "PYTHONPATH": PYTHONPATH})
+    out = proc.output
+    assert proc.code == 0, out[-6000:]
     assert re.search(r"\d+ passed", out), out[-3000:]

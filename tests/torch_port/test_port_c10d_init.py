@@ -3,28 +3,21 @@ test_c10d_common.py (ProcessGroupWithDispatchedCollectivesTests, CommTest.test_d
 PythonProcessGroupExtensionTest.test_backend_class_attr), each in a fresh process of its
 own, as torch runs them (a world of one started without a launcher).
 """
-import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
-from launcher_env import without_launcher
+from helpers import run_job
 from hpccomm.stores import free_port
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_alone(code, env=None, timeout=60):
     """Run ``code`` in a fresh Python process, outside any MPI job."""
-    full_env = without_launcher(("SLURM_", "HYDI_", "MPIR_"))
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
-                 "HPCCOMM_DISTRIBUTED_DEBUG", "TORCH_DISTRIBUTED_DEBUG"):
-        full_env.pop(name, None)
-    full_env.update(env or {})
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_job([sys.executable, "-c", textwrap.dedent(code)], env=env, limit=timeout,
+                   clean=("SLURM_*", "HYDI_*", "MPIR_*", "RANK", "WORLD_SIZE", "MASTER_ADDR",
+                          "MASTER_PORT", "LOCAL_RANK", "HPCCOMM_DISTRIBUTED_DEBUG",
+                          "TORCH_DISTRIBUTED_DEBUG"))
+    assert done.code == 0, done.output
     return done.stdout
 
 

@@ -6,31 +6,24 @@ serial test with a hard time limit, so a hang fails this test alone.
 """
 import os
 import re
-import subprocess
 import sys
 
 import pytest
-from launcher_env import mpiexec, without_launcher
+from helpers import run_job
 from hpccomm.stores import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(HERE, "tutorial_examples.py")
 LIMIT_S = 90
 
 
 def run_example(example, n, **env):
-    full = without_launcher(("SLURM_",))
     # PYTHONUNBUFFERED would write each piece of the tutorial's multi-argument print()
     # separately, so two ranks' lines could interleave mid-line in the shared pipe.
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED"):
-        full.pop(name, None)
-    full.update({k: str(v) for k, v in env.items()})
-    done = subprocess.run([mpiexec(), "-n", str(n), sys.executable, SCRIPT, example],
-                          cwd=ROOT, env=full, capture_output=True, text=True,
-                          timeout=LIMIT_S)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
+    done = run_job([sys.executable, SCRIPT, example], n, env=env, limit=LIMIT_S, clean=(
+        "SLURM_*", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED"))
+    output = done.output
+    assert done.code == 0, output
     results = {}
     for line in done.stdout.splitlines():
         found = re.search(r"RESULT rank=(\d+) (.*)", line)
