@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ...errors import DistBackendError, DistError, DistTimeoutError, DistValueError
 from ...types import RedOpType, Tag
 from ...work import Work
-from . import device as _cuda
+from . import device as _cuda, shared_gpu
 from .nccl_plan import UFUNC, Plan, make_plan, offsets
 from ..base import Communicator
 
@@ -109,6 +109,7 @@ class NCCLCommunicator(Communicator):
     def _full(self) -> Any:
         """The group's NCCL communicator; made on first use (collective over the group)."""
         if self._comm is None:
+            shared_gpu.check_group(self.mpi_comm, self.cp, self.device, self.timeout)
             payload: Any = None
             if self.rank == 0:
                 try:
@@ -132,6 +133,8 @@ class NCCLCommunicator(Communicator):
             return pair, 0 if peer < self.rank else 1
         if self._comm is not None or self.size <= 2:
             return self._full(), peer
+        shared_gpu.check_pair(self.mpi_comm, self.cp, self.device, self.rank, peer,
+                              self.timeout)
         low = self.rank < peer
         if low:
             uid = self.nccl.get_unique_id()
