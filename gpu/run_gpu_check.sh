@@ -1,79 +1,100 @@
 #!/usr/bin/env bash
 # The whole GPU check of hpccomm, repeatable on any Linux machine with NVIDIA GPUs.
 #
-#   gpu/run_gpu_check.sh            # from the repository root or anywhere
+#   gpu/run_gpu_check.sh              # fresh venv, wheels for CUDA 12 (hpccomm[gpu])
+#   GPU_CHECK_CUDA=13 gpu/run_gpu_check.sh   # wheels for CUDA 13 (hpccomm[gpu-cuda13])
+#   gpu/run_gpu_check.sh --offline    # no venv, no pip: the interpreter and packages here
 #
-# 1. makes a fresh venv and installs from wheels: cupy-cuda12x (+ CUDA libraries),
-#    nvidia-nccl-cu12, mpi4py, mpich, pytest, pytest-mpi, ml_dtypes, and this checkout;
-# 2. records the GPU, driver, CUDA, NCCL and CuPy versions;
+# 1. makes a fresh venv and installs from wheels: cupy-cuda12x (+ CUDA libraries) and
+#    nvidia-nccl-cu12 (cupy-cuda13x and nvidia-nccl-cu13 with GPU_CHECK_CUDA=13), mpi4py,
+#    mpich, pytest, pytest-mpi, ml_dtypes, and this checkout. --offline skips this step:
+#    it uses $PYTHON (default python3) with what it has, and this checkout on PYTHONPATH;
+# 2. says what it found (gpu/preflight.py: mpi4py, pytest, pytest-mpi, CuPy, NCCL, the
+#    GPUs; torch and ml_dtypes optional) and stops with exit status 2 and the list of
+#    what is missing if something required is;
 # 3. runs the GPU tests (tests/test_gpu_collectives.py, cupy-* cases and the rest) at world
 #    size 1, then 2 and 4 ranks where the machine has that many GPUs (one rank per GPU);
 # 4. runs benchmarks/studies/gpu_allreduce.py (hpccomm vs raw cupy.cuda.nccl, same buffers) at
-#    world size 1 and at the number of GPUs;
+#    world size 1 and at the number of GPUs, and benchmarks/studies/gpu_call_cost.py (the
+#    CPU cost of one call) at 1 rank where that script exists;
 # 5. writes everything to gpu/results/<host>-<UTC time>/ and a summary.md there.
 #
+# NCCL is found as users get it: hpccomm loads the NCCL wheel's library itself, so
+# LD_LIBRARY_PATH is not set here (hpccomm info says where it came from).
 # Environment: PYTHON (default python3), VENV (default .gpu-venv in the checkout),
-# GPU_CHECK_RANKS (default "1 2 4", capped at the GPU count), SKIP_INSTALL=1 to reuse VENV,
+# GPU_CHECK_CUDA (12 or 13, default 12), GPU_CHECK_RANKS (default "1 2 4", capped at the
+# GPU count), SKIP_INSTALL=1 to reuse VENV, GPU_CHECK_OUT (the results folder),
 # GPU_BENCH_ARGS (extra benchmark arguments, e.g. "--max-bytes 1048576").
 # Exit status: 0 only if every test run passed, no cupy-* test was skipped and every
-# benchmark's correctness check held.
+# benchmark's correctness check held; 2 if the check could not start.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OFFLINE=0
+for arg in "$@"; do
+    case "$arg" in
+        --offline) OFFLINE=1 ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "run_gpu_check.sh: unknown argument $arg (--offline, --help)" >&2; exit 2 ;;
+    esac
+done
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-$ROOT/.gpu-venv}"
+CUDA_MAJOR="${GPU_CHECK_CUDA:-12}"
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 OUT="${GPU_CHECK_OUT:-$ROOT/gpu/results/$(hostname -s)-$STAMP}"
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.md"
 STATUS=0
 log() { echo "[gpu-check] $*" | tee -a "$OUT/check.log"; }
+case "$CUDA_MAJOR" in
+    12) EXTRA=gpu ;;
+    13) EXTRA=gpu-cuda13 ;;
+    *) log "GPU_CHECK_CUDA=$CUDA_MAJOR: 12 or 13"; exit 2 ;;
+esac
 
 # -- 1. install ---------------------------------------------------------------------------------
-if [[ "${SKIP_INSTALL:-0}" != "1" ]]; then
-    log "creating venv $VENV"
+if (( OFFLINE )); then
+    log "offline: $PYTHON and the packages it has; no venv, no pip"
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    PY="$(command -v "$PYTHON")" || { log "no interpreter $PYTHON"; exit 2; }
+elif [[ "${SKIP_INSTALL:-0}" != "1" ]]; then
+    log "creating venv $VENV (CUDA $CUDA_MAJOR wheels: hpccomm[$EXTRA])"
     "$PYTHON" -m venv "$VENV" || { log "venv creation failed"; exit 2; }
     # shellcheck disable=SC1091
     source "$VENV/bin/activate"
     python -m pip install -q --upgrade pip setuptools wheel >>"$OUT/install.log" 2>&1
     # [ctk] pulls the CUDA runtime/NVRTC wheels so no system CUDA toolkit is needed;
     # fall back to the plain wheel where that extra is unknown.
-    python -m pip install -q "cupy-cuda12x[ctk]" >>"$OUT/install.log" 2>&1 \
-        || python -m pip install -q cupy-cuda12x >>"$OUT/install.log" 2>&1 \
-        || { log "installing cupy-cuda12x failed (see install.log)"; exit 2; }
-    python -m pip install -q nvidia-nccl-cu12 mpich mpi4py pytest pytest-mpi ml_dtypes numpy \
+    CUPY="cupy-cuda${CUDA_MAJOR}x"
+    python -m pip install -q "$CUPY[ctk]" >>"$OUT/install.log" 2>&1 \
+        || python -m pip install -q "$CUPY" >>"$OUT/install.log" 2>&1 \
+        || { log "installing $CUPY failed (see install.log)"; exit 2; }
+    python -m pip install -q mpich mpi4py pytest pytest-mpi ml_dtypes numpy \
         >>"$OUT/install.log" 2>&1 || { log "installing wheels failed (see install.log)"; exit 2; }
-    python -m pip install -q -e "$ROOT" >>"$OUT/install.log" 2>&1 \
-        || { log "installing hpccomm from $ROOT failed (see install.log)"; exit 2; }
+    python -m pip install -q -e "$ROOT[$EXTRA]" >>"$OUT/install.log" 2>&1 \
+        || { log "installing hpccomm[$EXTRA] from $ROOT failed (see install.log)"; exit 2; }
 else
     # shellcheck disable=SC1091
     source "$VENV/bin/activate"
 fi
-# Let CuPy find the NCCL of the nvidia-nccl-cu12 wheel.
-NCCL_LIB="$(python -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)"
-[[ -n "$NCCL_LIB" ]] && export LD_LIBRARY_PATH="$NCCL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-MPIEXEC="$VENV/bin/mpiexec"
-[[ -x "$MPIEXEC" ]] || MPIEXEC="$(command -v mpiexec)"
+(( OFFLINE )) || PY="$(command -v python)"
+# the mpiexec beside the interpreter (the mpich wheel's), else the one on PATH
+MPIEXEC="$(dirname "$PY")/mpiexec"
+[[ -x "$MPIEXEC" ]] || MPIEXEC="$(command -v mpiexec || true)"
 
-# -- 2. environment ------------------------------------------------------------------------------
-python - >"$OUT/environment.json" 2>>"$OUT/check.log" <<'EOF'
-import json, platform, cupy, hpccomm
-from cupy.cuda import nccl
-from hpccomm.backends import nccl as hnccl
-rt = cupy.cuda.runtime
-gpus = [rt.getDeviceProperties(i)["name"] for i in range(rt.getDeviceCount())]
-print(json.dumps({
-    "host": platform.node(), "python": platform.python_version(), "cupy": cupy.__version__,
-    "cuda_runtime": rt.runtimeGetVersion(), "cuda_driver": rt.driverGetVersion(),
-    "nccl": ".".join(map(str, hnccl.version())),
-    "gpus": [g.decode() if isinstance(g, bytes) else g for g in gpus],
-    "is_nccl_available": hpccomm.is_nccl_available()}, indent=2))
-EOF
-if [[ ! -s "$OUT/environment.json" ]]; then
-    log "CuPy/NCCL cannot start here (see check.log); no GPU check possible"; exit 2
+# -- 2. what is here ----------------------------------------------------------------------------
+"$PY" "$ROOT/gpu/preflight.py" "$OUT/environment.json" 2>>"$OUT/check.log" \
+    | tee -a "$OUT/check.log"
+PREFLIGHT=${PIPESTATUS[0]}
+if [[ -z "$MPIEXEC" ]]; then
+    log "MISSING mpiexec: not on PATH"; PREFLIGHT=1
 fi
-NGPU="$(python -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["gpus"]))' "$OUT/environment.json")"
-log "GPUs: $NGPU; $(tr -d '\n ' <"$OUT/environment.json")"
+if (( PREFLIGHT != 0 )) || [[ ! -s "$OUT/environment.json" ]]; then
+    log "cannot run the GPU check here: required pieces are missing (listed above)"; exit 2
+fi
+NGPU="$("$PY" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["gpus"]))' "$OUT/environment.json")"
+log "GPUs: $NGPU; mpiexec: $MPIEXEC"
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
 
 # -- 3. tests -------------------------------------------------------------------------------------
@@ -91,7 +112,7 @@ cd "$ROOT" || exit 2
 for n in ${GPU_CHECK_RANKS:-1 2 4}; do
     if (( n > NGPU )); then log "skipping $n ranks: only $NGPU GPU(s)"; continue; fi
     log "tests at $n rank(s)"
-    HPCCOMM_TEST_TIMEOUT=120 timeout 1200 "$MPIEXEC" -n "$n" python -m pytest -q -rs \
+    HPCCOMM_TEST_TIMEOUT=120 timeout 1200 "$MPIEXEC" -n "$n" "$PY" -m pytest -q -rs \
         -m mpi --with-mpi -p no:cacheprovider tests/test_gpu_collectives.py \
         >"$OUT/tests-n$n.log" 2>&1
     code=$?
@@ -101,18 +122,36 @@ for n in ${GPU_CHECK_RANKS:-1 2 4}; do
     echo "| $n | exit $code: $line (GPU-skip lines: $skipped_gpu) |" >>"$SUMMARY"
 done
 
-# -- 4. benchmark ---------------------------------------------------------------------------------
+# -- 4. benchmarks --------------------------------------------------------------------------------
 echo -e "\n## all_reduce bandwidth: hpccomm vs raw cupy.cuda.nccl\n" >>"$SUMMARY"
 for n in 1 "$NGPU"; do
-    [[ -f "$OUT/bench-n$n.json" ]] && continue
+    [[ -f "$OUT/bench-n$n.log" ]] && continue
     log "benchmark at $n rank(s)"
-    timeout 1200 "$MPIEXEC" -n "$n" python benchmarks/studies/gpu_allreduce.py --out "$OUT/bench-n$n.json" ${GPU_BENCH_ARGS:-} \
-        >"$OUT/bench-n$n.log" 2>&1 || STATUS=1
+    # shellcheck disable=SC2086
+    timeout 1200 "$MPIEXEC" -n "$n" "$PY" benchmarks/studies/gpu_allreduce.py \
+        --out "$OUT/bench-n$n.json" ${GPU_BENCH_ARGS:-} >"$OUT/bench-n$n.log" 2>&1 || STATUS=1
     {
         echo "### $n rank(s)"; echo
         echo '```'; grep -E ' B  raw|check' "$OUT/bench-n$n.log"; echo '```'; echo
     } >>"$SUMMARY"
 done
+if [[ -f benchmarks/studies/gpu_call_cost.py ]]; then
+    log "call-cost benchmark at 1 rank"
+    # It may import cupy.cuda.nccl before hpccomm loads the wheel's NCCL: name the wheel's
+    # folder to the loader for this run only.
+    NCCL_DIR="$("$PY" -c 'import os; from hpccomm.backends.cuda import nccl_lib
+p = nccl_lib.find_wheel_library(); print(os.path.dirname(p) if p else "")' 2>/dev/null)"
+    LDP="${LD_LIBRARY_PATH:-}"
+    [[ -n "$NCCL_DIR" ]] && LDP="$NCCL_DIR${LDP:+:$LDP}"
+    LD_LIBRARY_PATH="$LDP" timeout 600 "$MPIEXEC" -n 1 "$PY" benchmarks/studies/gpu_call_cost.py \
+        >"$OUT/call-cost.log" 2>&1 || STATUS=1
+    {
+        echo "## CPU cost of one GPU call (benchmarks/studies/gpu_call_cost.py, 1 rank)"; echo
+        echo '```'; tail -n 40 "$OUT/call-cost.log"; echo '```'; echo
+    } >>"$SUMMARY"
+else
+    log "no benchmarks/studies/gpu_call_cost.py in this checkout: call cost not measured"
+fi
 
 log "done: status $STATUS; results in $OUT"
 echo -e "\nOverall status: $STATUS (0 = all GPU tests passed, none skipped, benchmark checks held)" >>"$SUMMARY"

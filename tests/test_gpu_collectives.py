@@ -395,6 +395,70 @@ def test_nccl_recv_needs_a_source(dist, case, rank, size):
         dist.recv(case.arr(np.zeros(1, np.float32)), group=case.group)
 
 
+
+def _sim_uuids(uuid=None):
+    """Give this rank's simulated device 0 the UUID ``uuid`` (``None``: no UUID)."""
+    import cupy
+
+    cupy.cuda.uuids.clear()
+    if uuid is not None:
+        cupy.cuda.uuids[0] = uuid
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("first", ["collective", "send"])
+def test_two_ranks_on_one_gpu_are_named_on_every_rank(dist, case, rank, size, first):
+    """Ranks 0 and 1 report one device UUID: each rank that would create the NCCL
+    communicator raises the same clear error before NCCL is asked (which would say only
+    NCCL_ERROR_INVALID_USAGE)."""
+    if case.lib != "sim" or case.backend != "nccl":
+        pytest.skip("needs the simulated device to report chosen UUIDs")
+    import socket
+
+    _sim_uuids(bytes(range(16)) if rank < 2 else bytes([rank]) * 16)
+    pg = dist.new_group(list(range(size)), backend="cpu:mpi,cuda:nccl")
+    try:
+        x = case.arr(np.ones(3, np.float32))
+        text = None
+        if first == "collective" or rank < 2:  # send: a pair communicator of ranks 0, 1
+            with pytest.raises(dist.DistBackendError) as caught:
+                if first == "collective":
+                    dist.all_reduce(x, group=pg)
+                elif rank == 0:
+                    dist.send(x, 1, group=pg)
+                else:
+                    dist.recv(x, 0, group=pg)
+            text = str(caught.value)
+            for needle in ("ranks 0 and 1 of the group share one GPU",
+                           f"host {socket.gethostname()}", "cuda:0", "UUID GPU-00010203-0405-0607-0809-0a0b0c0d0e0f",
+                           "NCCL_ERROR_INVALID_USAGE", "ranks per node",
+                           "CUDA_VISIBLE_DEVICES", 'backend="mpi"'):
+                assert needle in text, (needle, text)
+        texts = [None] * size
+        dist.all_gather_object(texts, text)
+        assert len({t for t in texts if t is not None}) == 1, texts
+        assert texts[0] is not None and texts[1] is not None, texts
+        dist.barrier(group=pg)  # the group's CPU side still works
+    finally:
+        _sim_uuids(None)
+        dist.destroy_process_group(pg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_on_distinct_gpus_pass_the_check(dist, case, rank, size):
+    if case.lib != "sim" or case.backend != "nccl":
+        pytest.skip("needs the simulated device to report chosen UUIDs")
+    _sim_uuids(bytes([rank + 1]) * 16)
+    pg = dist.new_group(list(range(size)), backend="cpu:mpi,cuda:nccl")
+    try:
+        x = case.arr(np.ones(3, np.float32))
+        dist.all_reduce(x, group=pg)
+        np.testing.assert_array_equal(case.host(x), np.full(3, size))
+    finally:
+        _sim_uuids(None)
+        dist.destroy_process_group(pg)
+
+
 # -- pure helpers (no device needed) ------------------------------------------------------------
 def test_reduction_plans_cover_what_nccl_lacks():
     import types

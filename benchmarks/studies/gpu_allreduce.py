@@ -45,10 +45,11 @@ def main():
     args = parser.parse_args()
 
     import cupy
-    from cupy.cuda import nccl
 
     import hpccomm as dist
     from hpccomm.backends.cuda import device as _cuda, nccl as hpc_nccl
+
+    nccl = hpc_nccl.nccl_module()  # cupy.cuda.nccl, after hpccomm found the wheel's NCCL
 
     dist.init_process_group(backend="cpu:mpi,cuda:nccl")
     rank, size = dist.get_rank(), dist.get_world_size()

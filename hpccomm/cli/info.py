@@ -155,22 +155,39 @@ def launcher_section() -> Section:
     return section
 
 
+def cuda_version(code: int) -> str:
+    """CUDA's version number (``13000``) as ``13.0``."""
+    return f"{code // 1000}.{code % 1000 // 10}" if code > 0 else f"unknown ({code})"
+
+
 def gpu_section() -> Section:
+    """CuPy, the CUDA runtime and driver it loaded, and NCCL as the NCCL backend finds it
+    (the wheel's library preloaded first, as the backend does)."""
+    from ..backends.cuda import nccl_lib
+
+    section: Section = {name: _dist_version(name)
+                        for name in ("cupy-cuda12x", "cupy-cuda13x") + nccl_lib.WHEELS}
     try:
         cupy = importlib.import_module("cupy")
     except ImportError as exc:
-        return {"cupy": f"not importable ({exc})",
-                "nvidia-nccl-cu12": _dist_version("nvidia-nccl-cu12")}
-    section: Section = {"cupy": cupy.__version__,
-                        "nvidia-nccl-cu12": _dist_version("nvidia-nccl-cu12")}
+        section["cupy"] = (f"not importable ({exc}): no GPU path here (pip install "
+                           f"hpccomm[gpu] for CUDA 12, hpccomm[gpu-cuda13] for CUDA 13)")
+        section["NCCL"] = "not probed: hpccomm uses NCCL through CuPy"
+        return section
+    section["cupy"] = f"{cupy.__version__} ({os.path.dirname(cupy.__file__ or '')})"
     runtime = cupy.cuda.runtime
-    section["CUDA runtime"] = _guard(lambda: {"version": runtime.runtimeGetVersion()})
+    for key, probe in (("CUDA runtime", "runtimeGetVersion"), ("CUDA driver", "driverGetVersion")):
+        try:
+            section[key] = cuda_version(getattr(runtime, probe)())
+        except Exception as exc:
+            section[key] = f"unknown ({type(exc).__name__}: {exc})"
     try:
-        from cupy.cuda import nccl
+        from ..backends.cuda import nccl as nccl_backend
 
-        section["NCCL"] = nccl.get_version()
+        section["NCCL"] = ".".join(map(str, nccl_backend.version()))
     except Exception as exc:
         section["NCCL"] = f"not available ({type(exc).__name__}: {exc})"
+    section["NCCL library"] = nccl_lib.status()
     gpus: List[str] = []
     try:
         for index in range(runtime.getDeviceCount()):

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ...errors import DistBackendError, DistError, DistTimeoutError, DistValueError
 from ...types import RedOpType, Tag
 from ...work import Work
-from . import device as _cuda
+from . import device as _cuda, nccl_lib, shared_gpu
 from .nccl_plan import UFUNC, Plan, make_plan, offsets
 from ..base import Communicator
 
@@ -38,7 +38,8 @@ _available: Optional[bool] = None
 
 
 def nccl_module() -> Any:
-    """``cupy.cuda.nccl`` (imported on first use)."""
+    """``cupy.cuda.nccl`` (imported on first use, after the NCCL wheel's library is loaded)."""
+    nccl_lib.preload()
     return importlib.import_module("cupy.cuda.nccl")
 
 
@@ -73,8 +74,9 @@ class NCCLCommunicator(Communicator):
     def __init__(self, comm: Any, timeout: Optional[float] = None):
         if not available():
             raise DistBackendError("the NCCL backend needs CuPy, a visible CUDA device and "
-                                   "the NCCL library (pip install cupy-cuda12x "
-                                   "nvidia-nccl-cu12); hpccomm.is_nccl_available() is False")
+                                   "the NCCL library (pip install hpccomm[gpu] for CUDA 12, "
+                                   "hpccomm[gpu-cuda13] for CUDA 13; hpccomm info says what "
+                                   "was found); hpccomm.is_nccl_available() is False")
         self.mpi_comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -109,6 +111,7 @@ class NCCLCommunicator(Communicator):
     def _full(self) -> Any:
         """The group's NCCL communicator; made on first use (collective over the group)."""
         if self._comm is None:
+            shared_gpu.check_group(self.mpi_comm, self.cp, self.device, self.timeout)
             payload: Any = None
             if self.rank == 0:
                 try:
@@ -132,6 +135,8 @@ class NCCLCommunicator(Communicator):
             return pair, 0 if peer < self.rank else 1
         if self._comm is not None or self.size <= 2:
             return self._full(), peer
+        shared_gpu.check_pair(self.mpi_comm, self.cp, self.device, self.rank, peer,
+                              self.timeout)
         low = self.rank < peer
         if low:
             uid = self.nccl.get_unique_id()

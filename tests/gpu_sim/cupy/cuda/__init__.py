@@ -69,10 +69,23 @@ def _memcpy(dst, src, nbytes, kind, stream):
     ctypes.memmove(dst, src, nbytes)
 
 
+#: Device index -> the UUID (16 bytes) ``getDeviceProperties`` reports for it. Empty by
+#: default: no UUID, as with a CuPy that cannot read one. Tests set it per rank (the same
+#: bytes on two ranks: they share a GPU).
+uuids = {}
+
+
+def _properties(index):
+    props = {"name": b"simulated", "totalGlobalMem": 1 << 30}
+    if index in uuids:
+        props["uuid"] = uuids[index]
+    return props
+
+
 runtime = types.SimpleNamespace(
     getDeviceCount=lambda: int(os.environ.get("SIM_CUPY_DEVICES", "1")),
     memcpyAsync=_memcpy, getDevice=lambda: 0, runtimeGetVersion=lambda: 0,
-    driverGetVersion=lambda: 0, getDeviceProperties=lambda i: {"name": b"simulated"})
+    driverGetVersion=lambda: 0, getDeviceProperties=_properties)
 
 
 def alloc_pinned_memory(nbytes):
