@@ -51,7 +51,13 @@ class ndarray:
     ndim = property(lambda self: self._a.ndim)
     nbytes = property(lambda self: self._a.nbytes)
     flags = property(lambda self: self._a.flags)
-    data = property(lambda self: _Data(self._a))
+
+    @property
+    def data(self):  # made once, as CuPy's (a stored attribute there)
+        data = self.__dict__.get("_data")
+        if data is None:
+            data = self._data = _Data(self._a)
+        return data
 
     def reshape(self, *shape):
         return ndarray(self._a.reshape(*shape))
