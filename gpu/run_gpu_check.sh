@@ -10,13 +10,16 @@
 #    size 1, then 2 and 4 ranks where the machine has that many GPUs (one rank per GPU);
 # 4. runs benchmarks/studies/gpu_allreduce.py (hpccomm vs raw cupy.cuda.nccl, same buffers) at
 #    world size 1 and at the number of GPUs;
-# 5. writes everything to gpu/results/<host>-<UTC time>/ and a summary.md there.
+# 5. runs gpu/capture_check.py (collectives captured in a CUDA graph, replayed, checked) at
+#    world size 1 and at the number of GPUs, and benchmarks/studies/gpu_call_cost.py (CPU
+#    time per synchronous call, hpccomm vs raw NCCL) at world size 1;
+# 6. writes everything to gpu/results/<host>-<UTC time>/ and a summary.md there.
 #
 # Environment: PYTHON (default python3), VENV (default .gpu-venv in the checkout),
 # GPU_CHECK_RANKS (default "1 2 4", capped at the GPU count), SKIP_INSTALL=1 to reuse VENV,
 # GPU_BENCH_ARGS (extra benchmark arguments, e.g. "--max-bytes 1048576").
-# Exit status: 0 only if every test run passed, no cupy-* test was skipped and every
-# benchmark's correctness check held.
+# Exit status: 0 only if every test run passed, no cupy-* test was skipped, every
+# benchmark's correctness check held and every graph replay gave the expected results.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -113,6 +116,21 @@ for n in 1 "$NGPU"; do
         echo '```'; grep -E ' B  raw|check' "$OUT/bench-n$n.log"; echo '```'; echo
     } >>"$SUMMARY"
 done
+
+# -- 5. graph capture and per-call cost --------------------------------------------------------
+echo -e "\n## CUDA graph capture (gpu/capture_check.py)\n" >>"$SUMMARY"
+for n in 1 "$NGPU"; do
+    [[ -f "$OUT/capture-n$n.log" ]] && continue
+    log "graph capture check at $n rank(s)"
+    timeout 600 "$MPIEXEC" -n "$n" python gpu/capture_check.py >"$OUT/capture-n$n.log" 2>&1 \
+        || STATUS=1
+    { echo '```'; grep -E 'capture check|replay' "$OUT/capture-n$n.log"; echo '```'; echo; } \
+        >>"$SUMMARY"
+done
+echo -e "\n## CPU time per synchronous call (gpu_call_cost.py, 1 rank)\n" >>"$SUMMARY"
+timeout 600 "$MPIEXEC" -n 1 python benchmarks/studies/gpu_call_cost.py \
+    --json "$OUT/call-cost-n1.json" >"$OUT/call-cost-n1.log" 2>&1 || STATUS=1
+grep -E '^\||^#' "$OUT/call-cost-n1.log" >>"$SUMMARY"
 
 log "done: status $STATUS; results in $OUT"
 echo -e "\nOverall status: $STATUS (0 = all GPU tests passed, none skipped, benchmark checks held)" >>"$SUMMARY"
