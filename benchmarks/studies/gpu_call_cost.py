@@ -24,23 +24,27 @@ simulation's Python stand-ins)::
 
     python benchmarks/studies/gpu_call_cost.py --sim
 
-Measured with ``--sim`` at 1 rank on a 2-core CI machine (no GPU; 4 KiB float32,
-``--calls 4000``), median µs per call; ``share`` is hpccomm's own time:
+Measured with ``--sim`` at 1 rank on a 2-core CI machine (no GPU), 4 KiB float32,
+``--calls 4000``, median µs per call, hpccomm before and after synchronous calls moved
+to the caller's stream with pooled events (both on the same simulation, interleaved
+runs; the run-to-run spread is about 0.2 µs):
 
-| operation | raw (sim) | hpccomm before | share before |
-|---|---|---|---|
-| all_reduce | 6.99 | 12.88 | 5.89 |
-| all_reduce async+wait | 6.90 | 12.34 | 5.44 |
-| broadcast | 2.68 | 7.84 | 5.16 |
-| reduce | 7.01 | 13.60 | 6.59 |
-| all_gather_into_tensor | 4.46 | 14.91 | 10.46 |
-| reduce_scatter_tensor | 7.08 | 20.05 | 12.97 |
-| all_to_all_single | 1.13 | 11.99 | 10.86 |
+| operation | raw (sim) | hpccomm before | share before | hpccomm after | share after |
+|---|---|---|---|---|---|
+| all_reduce | 6.92 | 12.37 | 5.34 | 9.46 | 2.56 |
+| all_reduce async+wait | 6.95 | 11.91 | 4.96 | 12.61 | 5.66 |
+| broadcast | 2.67 | 7.35 | 4.74 | 5.23 | 2.55 |
+| reduce | 6.93 | 13.06 | 6.10 | 9.65 | 2.72 |
+| all_gather_into_tensor | 4.49 | 11.62 | 6.98 | 7.41 | 2.92 |
+| reduce_scatter_tensor | 6.98 | 15.96 | 8.87 | 10.04 | 3.05 |
+| all_to_all_single | 1.16 | 8.80 | 7.60 | 4.27 | 3.11 |
 
-("before": hpccomm at the commit that added this script. The simulation's stand-ins for
-CuPy's streams and events are cheap Python, unlike CUDA's event creation and
-destruction, so these shares understate a GPU's: on an H100 the same all_reduce cost
-18-26 µs against 0.6-1.2 µs raw, measured earlier on one H100.)
+The simulation's streams and events are cheap Python objects, unlike CUDA's: it
+cannot show what the pool saves (an event created and destroyed per call, which the
+async path used to pay), and it shows the async path's bookkeeping as a 0.7 µs loss.
+On an H100 the synchronous all_reduce cost 18-26 µs against 0.6-1.2 µs raw before this
+change (measured earlier); the real-GPU numbers after it are still to be measured
+(``gpu/run_gpu_check.sh`` runs this script).
 """
 import argparse
 import gc
