@@ -31,17 +31,17 @@ runs; the run-to-run spread is about 0.2 µs):
 
 | operation | raw (sim) | hpccomm before | share before | hpccomm after | share after |
 |---|---|---|---|---|---|
-| all_reduce | 6.92 | 12.37 | 5.34 | 9.46 | 2.56 |
-| all_reduce async+wait | 6.95 | 11.91 | 4.96 | 12.61 | 5.66 |
-| broadcast | 2.67 | 7.35 | 4.74 | 5.23 | 2.55 |
-| reduce | 6.93 | 13.06 | 6.10 | 9.65 | 2.72 |
-| all_gather_into_tensor | 4.49 | 11.62 | 6.98 | 7.41 | 2.92 |
-| reduce_scatter_tensor | 6.98 | 15.96 | 8.87 | 10.04 | 3.05 |
-| all_to_all_single | 1.16 | 8.80 | 7.60 | 4.27 | 3.11 |
+| all_reduce | 6.91 | 12.45 | 5.45 | 9.48 | 2.57 |
+| all_reduce async+wait | 6.88 | 12.11 | 5.15 | 12.41 | 5.53 |
+| broadcast | 2.70 | 7.55 | 4.86 | 5.27 | 2.56 |
+| reduce | 7.01 | 13.67 | 6.56 | 9.67 | 2.66 |
+| all_gather_into_tensor | 4.62 | 11.99 | 7.29 | 7.58 | 2.97 |
+| reduce_scatter_tensor | 7.13 | 16.25 | 9.09 | 10.28 | 3.15 |
+| all_to_all_single | 1.21 | 8.96 | 7.75 | 4.39 | 3.18 |
 
 The simulation's streams and events are cheap Python objects, unlike CUDA's: it
 cannot show what the pool saves (an event created and destroyed per call, which the
-async path used to pay), and it shows the async path's bookkeeping as a 0.7 µs loss.
+async path used to pay), and it shows the async path's bookkeeping as a 0.4 µs loss.
 On an H100 the synchronous all_reduce cost 18-26 µs against 0.6-1.2 µs raw before this
 change (measured earlier); the real-GPU numbers after it are still to be measured
 (``gpu/run_gpu_check.sh`` runs this script).

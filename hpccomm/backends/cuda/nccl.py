@@ -112,8 +112,9 @@ class NCCLCommunicator(Communicator):
         self._created: List[Any] = []               # every NCCL communicator, in order
         self._plans: Dict[Tuple[Any, RedOpType], Plan] = {}
         #: (op, dtype) -> (NCCL type, NCCL op, bytes per counted element): the
-        #: reductions :meth:`stream_run` takes, each added once the general path has
-        #: reduced it natively (so the op was validated for the dtype).
+        #: reductions :meth:`stream_run` takes, each added when the general path first
+        #: plans it (:meth:`_plan`; the op was validated for the dtype by then) and NCCL
+        #: does it whole.
         self._native: Dict[Tuple[RedOpType, Any], Tuple[int, int, int]] = {}
         self._batch: Optional[List[Work]] = None
         self._group_open = False
@@ -240,19 +241,14 @@ class NCCLCommunicator(Communicator):
             raise DistError(f"this operation cannot be captured in a CUDA graph: {why} "
                             f"needs a temporary device buffer per call")
 
-    def _learn(self, plan: Plan, kind: RedOpType, dtype: Any) -> None:
-        """Let :meth:`stream_run` take this reduction from now on, if NCCL does it whole."""
-        if plan.mode == "native" and not plan.divide and kind is not _PREMUL:
-            self._native[(kind, dtype)] = (plan.nccl_type, plan.nccl_op, plan.unit.itemsize)
-
     # -- the synchronous fast path ------------------------------------------------------------
     def stream_run(self, code: int, send: Any, recv: Any, redop: Any, root: int) -> int:
         """A synchronous operation enqueued whole on the caller's current stream, with no
         Work, no cross-stream event and no allocation: 0 once enqueued, -1 (nothing done)
         where the general path applies: a first call (no NCCL communicator yet), blocking
         wait, an open batch, a failure, anything but contiguous CuPy arrays of this
-        device, a reduction not yet met natively (:meth:`_learn`), sizes the general path
-        must check, overlapping buffers it must copy, empty ones.
+        device, a reduction not yet planned or not NCCL's own (:meth:`_plan`), sizes the
+        general path must check, overlapping buffers it must copy, empty ones.
 
         ``code`` is an operation code of :mod:`..base`; ``send``/``recv`` are the input
         and output (the same array for all_reduce, broadcast and reduce), ``redop`` the
@@ -357,9 +353,14 @@ class NCCLCommunicator(Communicator):
         return stream, capturing
 
     def _plan(self, dtype: Any, kind: RedOpType) -> Plan:
+        """The plan of a reduction, made once; :meth:`stream_run` takes it from then on
+        if NCCL does it whole (no staging, no division, no premultiplication)."""
         plan = self._plans.get((dtype, kind))
         if plan is None:
             plan = self._plans[(dtype, kind)] = make_plan(self.nccl, dtype, kind, self.has_avg)
+            if plan.mode == "native" and not plan.divide and kind is not _PREMUL:
+                self._native[(kind, dtype)] = (plan.nccl_type, plan.nccl_op,
+                                               plan.unit.itemsize)
         return plan
 
     # -- local steps on the internal stream ---------------------------------------------------
@@ -438,7 +439,6 @@ class NCCLCommunicator(Communicator):
                 ptr = buf.data.ptr
                 comm.allReduce(ptr, ptr, buf.nbytes // plan.unit.itemsize, plan.nccl_type,
                                plan.nccl_op, stream.ptr)
-                self._learn(plan, kind, buf.dtype)
                 return self._end(buf)
             self._capturable(plan, kind, buf.dtype, True)
             with self._dev, stream:
@@ -452,7 +452,6 @@ class NCCLCommunicator(Communicator):
                 comm.allReduce(ptr, ptr, self._count(plan, work), plan.nccl_type,
                                plan.nccl_op, stream.ptr)
                 self._finish_reduce(plan, work, buf)
-            self._learn(plan, kind, buf.dtype)
             return self._end((buf, work))
 
     def reduce(self, buf: Any, kind: RedOpType, factor: Any, root: int) -> Work:
@@ -475,7 +474,6 @@ class NCCLCommunicator(Communicator):
                             root, stream.ptr)
                 if at_root:
                     self._finish_reduce(plan, work, buf)
-            self._learn(plan, kind, buf.dtype)
             return self._end((buf, work))
 
     def all_gather(self, send: Optional[Any], recv: Any,
@@ -580,7 +578,6 @@ class NCCLCommunicator(Communicator):
                     finally:
                         self.nccl.groupEnd()
                 self._finish_reduce(plan, work_recv, recv)
-            self._learn(plan, kind, send.dtype)
             return self._end((send, recv, work_send, work_recv))
 
     def all_to_all(self, send: Any, recv: Any, send_counts: Optional[Sequence[int]],
