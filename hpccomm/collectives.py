@@ -5,8 +5,9 @@ and starts one nonblocking backend operation. With ``async_op=True`` it returns 
 :class:`~hpccomm.work.Work`; otherwise it waits (under the group's timeout) and returns
 ``None``; a synchronous call first tries the backends' whole-call channels: the
 shared-memory small channel (``_call.small``) for NumPy arrays, the CUDA backend's
-stream channel (``_call.stream``) for CuPy arrays. Results are written into the caller's arrays exactly where torch writes into
-tensors. ``src``/``dst`` are global ranks; ``group_src``/``group_dst`` are group ranks.
+stream channel (``_call.stream``) for CuPy arrays. Results are written into the
+caller's arrays exactly where torch writes into tensors. ``src``/``dst`` are global
+ranks; ``group_src``/``group_dst`` are group ranks.
 """
 from __future__ import annotations
 
