@@ -15,9 +15,11 @@
 # 3. runs the GPU tests (tests/test_gpu_collectives.py, cupy-* cases and the rest) at world
 #    size 1, then 2 and 4 ranks where the machine has that many GPUs (one rank per GPU);
 # 4. runs benchmarks/studies/gpu_allreduce.py (hpccomm vs raw cupy.cuda.nccl, same buffers) at
-#    world size 1 and at the number of GPUs, and benchmarks/studies/gpu_call_cost.py (the
-#    CPU cost of one call) at 1 rank where that script exists;
-# 5. writes everything to gpu/results/<host>-<UTC time>/ and a summary.md there.
+#    world size 1 and at the number of GPUs;
+# 5. runs gpu/capture_check.py (collectives captured in a CUDA graph, replayed, checked) at
+#    world size 1 and at the number of GPUs, and benchmarks/studies/gpu_call_cost.py (CPU
+#    time per synchronous call, hpccomm vs raw NCCL) at world size 1;
+# 6. writes everything to gpu/results/<host>-<UTC time>/ and a summary.md there.
 #
 # NCCL is found as users get it: hpccomm loads the NCCL wheel's library itself, so
 # LD_LIBRARY_PATH is not set here (hpccomm info says where it came from).
@@ -25,8 +27,9 @@
 # GPU_CHECK_CUDA (12 or 13, default 12), GPU_CHECK_RANKS (default "1 2 4", capped at the
 # GPU count), SKIP_INSTALL=1 to reuse VENV, GPU_CHECK_OUT (the results folder),
 # GPU_BENCH_ARGS (extra benchmark arguments, e.g. "--max-bytes 1048576").
-# Exit status: 0 only if every test run passed, no cupy-* test was skipped and every
-# benchmark's correctness check held; 2 if the check could not start.
+# Exit status: 0 only if every test run passed, no cupy-* test was skipped, every
+# benchmark's correctness check held and every graph replay gave the expected results;
+# 2 if the check could not start.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -135,23 +138,27 @@ for n in 1 "$NGPU"; do
         echo '```'; grep -E ' B  raw|check' "$OUT/bench-n$n.log"; echo '```'; echo
     } >>"$SUMMARY"
 done
-if [[ -f benchmarks/studies/gpu_call_cost.py ]]; then
-    log "call-cost benchmark at 1 rank"
-    # It may import cupy.cuda.nccl before hpccomm loads the wheel's NCCL: name the wheel's
-    # folder to the loader for this run only.
-    NCCL_DIR="$("$PY" -c 'import os; from hpccomm.backends.cuda import nccl_lib
+# -- 5. graph capture and per-call cost --------------------------------------------------------
+echo -e "\n## CUDA graph capture (gpu/capture_check.py)\n" >>"$SUMMARY"
+for n in 1 "$NGPU"; do
+    [[ -f "$OUT/capture-n$n.log" ]] && continue
+    log "graph capture check at $n rank(s)"
+    timeout 600 "$MPIEXEC" -n "$n" "$PY" gpu/capture_check.py >"$OUT/capture-n$n.log" 2>&1 \
+        || STATUS=1
+    { echo '```'; grep -E 'capture check|replay' "$OUT/capture-n$n.log"; echo '```'; echo; } \
+        >>"$SUMMARY"
+done
+echo -e "\n## CPU time per synchronous call (gpu_call_cost.py, 1 rank)\n" >>"$SUMMARY"
+log "call-cost benchmark at 1 rank"
+# It may import cupy.cuda.nccl before hpccomm loads the wheel's NCCL: name the wheel's
+# folder to the loader for this run only.
+NCCL_DIR="$("$PY" -c 'import os; from hpccomm.backends.cuda import nccl_lib
 p = nccl_lib.find_wheel_library(); print(os.path.dirname(p) if p else "")' 2>/dev/null)"
-    LDP="${LD_LIBRARY_PATH:-}"
-    [[ -n "$NCCL_DIR" ]] && LDP="$NCCL_DIR${LDP:+:$LDP}"
-    LD_LIBRARY_PATH="$LDP" timeout 600 "$MPIEXEC" -n 1 "$PY" benchmarks/studies/gpu_call_cost.py \
-        >"$OUT/call-cost.log" 2>&1 || STATUS=1
-    {
-        echo "## CPU cost of one GPU call (benchmarks/studies/gpu_call_cost.py, 1 rank)"; echo
-        echo '```'; tail -n 40 "$OUT/call-cost.log"; echo '```'; echo
-    } >>"$SUMMARY"
-else
-    log "no benchmarks/studies/gpu_call_cost.py in this checkout: call cost not measured"
-fi
+LDP="${LD_LIBRARY_PATH:-}"
+[[ -n "$NCCL_DIR" ]] && LDP="$NCCL_DIR${LDP:+:$LDP}"
+LD_LIBRARY_PATH="$LDP" timeout 600 "$MPIEXEC" -n 1 "$PY" benchmarks/studies/gpu_call_cost.py \
+    --json "$OUT/call-cost-n1.json" >"$OUT/call-cost-n1.log" 2>&1 || STATUS=1
+grep -E '^\||^#' "$OUT/call-cost-n1.log" >>"$SUMMARY"
 
 log "done: status $STATUS; results in $OUT"
 echo -e "\nOverall status: $STATUS (0 = all GPU tests passed, none skipped, benchmark checks held)" >>"$SUMMARY"

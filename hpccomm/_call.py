@@ -19,7 +19,7 @@ import numpy as np
 from . import observe as _observe
 from . import work as _waits
 from .backends.base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER,  # noqa: F401
-                            BROADCAST, REDUCE_SCATTER)
+                            BROADCAST, REDUCE, REDUCE_SCATTER)
 from ._arrays import FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistBackendError, DistError
 from .group import GroupLike, ProcessGroup, member_group, skip
@@ -86,13 +86,16 @@ def same_dtype(pg: ProcessGroup, op: str, expected: Any, arr: Any, what: str) ->
                            f"of one operation share a dtype)")
 
 
-def apart(arr: Any, out: Any, block: Optional[int] = None) -> Any:
+def apart(arr: Any, out: Any, block: Optional[int] = None, comm: Any = None,
+          pg: Optional[ProcessGroup] = None, op: str = "") -> Any:
     """``arr`` as a send buffer beside the receive buffer ``out``: itself, or a copy if the
     two overlap (MPI forbids aliased buffers). With ``block`` given, ``None`` when ``arr``
     is block ``block`` of ``out`` (``MPI_IN_PLACE``; in a group of one, ``out`` itself).
 
     Both are contiguous, so overlapping address ranges mean shared memory. Two NumPy
     arrays that own their memory never overlap, which settles the common case at once.
+    Given ``comm`` (with ``pg`` and ``op``), a copy inside a CUDA graph capture raises
+    (:func:`uncaptured`).
     """
     if arr is not out and (type(arr) is ndarray and arr.base is None and
                            type(out) is ndarray and out.base is None):
@@ -102,6 +105,8 @@ def apart(arr: Any, out: Any, block: Optional[int] = None) -> Any:
                                              start == other + block * arr.nbytes)):
         return None
     if arr.nbytes and out.nbytes and start < other + out.nbytes and other < start + arr.nbytes:
+        if comm is not None:
+            uncaptured(pg, op, comm, "arrays that do not overlap (or the in-place form)")
         return arr.copy()
     return arr
 
@@ -387,6 +392,39 @@ def small(pg: ProcessGroup, op: str, code: int, send: Any, recv: Any, redop: Any
         _work(pg.cpu.small.started(running), pg, op, seq, recv, None, None, (), None,
               None).wait()
     return True
+
+
+def stream(pg: ProcessGroup, op: str, code: int, send: Any, recv: Any, redop: Any = 0,
+           root: int = 0) -> bool:
+    """A synchronous operation on GPU arrays enqueued whole on the caller's CUDA stream
+    by the group's CUDA backend
+    (:attr:`~hpccomm.backends.base.Communicator.stream_run`): ``True`` once enqueued,
+    which is all a synchronous GPU call waits for (torch's semantics); ``False``, with
+    nothing started, where the general path (:func:`launch`) applies: no such backend
+    (yet), observers registered, or a call the backend leaves to the general path
+    (which then also checks the arguments). Builds no Work.
+    """
+    run = pg.stream_run
+    if run is None or _observe.active:
+        return False
+    try:
+        if run(code, send, recv, redop, root):
+            return False
+    except DistError:
+        raise
+    except Exception as exc:
+        raise _start_failed(pg, op, exc) from exc
+    pg.seq += 1
+    return True
+
+
+def uncaptured(pg: ProcessGroup, op: str, comm: Any, instead: str) -> None:
+    """Raise if ``comm``'s caller is capturing a CUDA graph: ``op`` stages through
+    temporary buffers made per call, which a graph would go on using after they are
+    freed (``instead`` says what to call)."""
+    if comm.capturing():
+        raise pg.error(op, f"cannot be captured in a CUDA graph: it stages through a "
+                           f"temporary buffer made per call; use {instead}")
 
 
 def _start_failed(pg: ProcessGroup, op: str, exc: BaseException) -> DistError:

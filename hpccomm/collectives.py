@@ -3,8 +3,11 @@
 Each function resolves its group, validates its arguments once through :mod:`._call`,
 and starts one nonblocking backend operation. With ``async_op=True`` it returns the
 :class:`~hpccomm.work.Work`; otherwise it waits (under the group's timeout) and returns
-``None``. Results are written into the caller's arrays exactly where torch writes into
-tensors. ``src``/``dst`` are global ranks; ``group_src``/``group_dst`` are group ranks.
+``None``; a synchronous call first tries the backends' whole-call channels: the
+shared-memory small channel (``_call.small``) for NumPy arrays, the CUDA backend's
+stream channel (``_call.stream``) for CuPy arrays. Results are written into the
+caller's arrays exactly where torch writes into tensors. ``src``/``dst`` are global
+ranks; ``group_src``/``group_dst`` are group ranks.
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import numpy as np
 
 from . import _call
 from ._arrays import dtype_family
-from ._call import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, REDUCE_SCATTER
+from ._call import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, REDUCE,
+                    REDUCE_SCATTER)
 from .group import GroupLike
 from .types import ReduceOp, timeout_seconds
 from .work import Work
@@ -32,7 +36,8 @@ def broadcast(tensor: Any, src: Optional[int] = None, group: GroupLike = None,
     if rooted is None:
         return None
     pg, root, _ = rooted
-    if not async_op and _call.small(pg, "broadcast", BROADCAST, tensor, tensor, 0, root):
+    if not async_op and (_call.small(pg, "broadcast", BROADCAST, tensor, tensor, 0, root) or
+                         _call.stream(pg, "broadcast", BROADCAST, tensor, tensor, 0, root)):
         return None
     comm, arr = _call.array(pg, "broadcast", tensor)
     return _call.launch(pg, "broadcast", comm.broadcast, (arr, root), arr, async_op, root,
@@ -45,7 +50,8 @@ def all_reduce(tensor: Any, op: Any = _SUM, group: GroupLike = None,
     pg = _call.member(group, "all_reduce")
     if pg is None:
         return None
-    if not async_op and _call.small(pg, "all_reduce", ALL_REDUCE, tensor, tensor, op):
+    if not async_op and (_call.small(pg, "all_reduce", ALL_REDUCE, tensor, tensor, op) or
+                         _call.stream(pg, "all_reduce", ALL_REDUCE, tensor, tensor, op)):
         return None
     comm, arr, kind, factor = _call.reduce_operand(pg, "all_reduce", tensor, op)
     return _call.launch(pg, "all_reduce", comm.all_reduce, (arr, kind, factor), arr,
@@ -62,6 +68,8 @@ def reduce(tensor: Any, dst: Optional[int] = None, op: Any = _SUM, group: GroupL
     if rooted is None:
         return None
     pg, root, at_root = rooted
+    if not async_op and _call.stream(pg, "reduce", REDUCE, tensor, tensor, op, root):
+        return None
     comm, arr, kind, factor = _call.reduce_operand(pg, "reduce", tensor, op, output=at_root)
     return _call.launch(pg, "reduce", comm.reduce, (arr, kind, factor, root), arr,
                         async_op, root, result=(tensor,))
@@ -140,6 +148,7 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: GroupLike = None,
     if pg is None:
         return None
     comm, arr = _call.array(pg, op, tensor, output=False)
+    _call.uncaptured(pg, op, comm, "all_gather_into_tensor")
     arr, outputs = _same_real_dtype(arr, _array_list(pg, op, comm, None, tensor_list,
                                                      "tensor_list"), pg, op, "tensor_list")
     counts = [out.size for out in outputs]
@@ -163,7 +172,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     pg = _call.member(group, op)
     if pg is None:
         return None
-    if not async_op and _call.small(pg, op, ALL_GATHER, input_tensor, output_tensor):
+    if not async_op and (_call.small(pg, op, ALL_GATHER, input_tensor, output_tensor) or
+                         _call.stream(pg, op, ALL_GATHER, input_tensor, output_tensor)):
         return None
     comm, out, arr = _call.pair(pg, op, output_tensor, input_tensor, "output_tensor",
                                 "input_tensor")
@@ -171,7 +181,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: GroupLi
     if out.size != arr.size * size:
         raise pg.error(op, f"output_tensor has {out.size} elements, expected "
                            f"{size} x {arr.size} (group size x input size)")
-    send = _call.apart(arr, out, block=pg.rank())  # None: in place
+    send = _call.apart(arr, out, pg.rank(), comm, pg, op)  # None: in place
     return _call.launch(pg, op, comm.all_gather, (send, out, None), arr, async_op,
                         result=(output_tensor,))
 
@@ -189,6 +199,7 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
         return None
     pg, root, at_root = rooted
     comm, arr = _call.array(pg, op, tensor, output=False)
+    _call.uncaptured(pg, op, comm, "all_gather_into_tensor")
     arr = _as_real(arr)
     if not at_root:
         if gather_list:
@@ -222,6 +233,7 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
         return None
     pg, root, at_root = rooted
     comm, out = _call.array(pg, op, tensor)
+    _call.uncaptured(pg, op, comm, "broadcast, or all_to_all_single")
     out = _as_real(out)
     if not at_root:
         if scatter_list:
@@ -250,6 +262,7 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = _SUM, group: Gr
     if pg is None:
         return None
     comm, out = _call.array(pg, name, output, "output")
+    _call.uncaptured(pg, name, comm, "reduce_scatter_tensor")
     inputs = _array_list(pg, name, comm, None, input_list, "input_list", output=False)
     complex_dtype = next((a.dtype for a in [out, *inputs] if a.dtype in _REAL_OF), out.dtype)
     kind, factor = _call.reduction(pg, name, op, complex_dtype)  # complex: SUM/AVG only
@@ -271,14 +284,15 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = _SUM, group: GroupL
     pg = _call.member(group, name)
     if pg is None:
         return None
-    if not async_op and _call.small(pg, name, REDUCE_SCATTER, input, output, op):
+    if not async_op and (_call.small(pg, name, REDUCE_SCATTER, input, output, op) or
+                         _call.stream(pg, name, REDUCE_SCATTER, input, output, op)):
         return None
     comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
     if arr.size != out.size * pg.size():
         raise pg.error(name, f"input has {arr.size} elements, expected {pg.size()} x "
                              f"{out.size} (group size x output size)")
     kind, factor = _call.reduction(pg, name, op, out.dtype)
-    arr = _call.apart(arr, out)  # e.g. output is this rank's block of input
+    arr = _call.apart(arr, out, None, comm, pg, name)  # e.g. output is a block of input
     return _call.launch(pg, name, comm.reduce_scatter, (arr, out, kind, factor, None), arr,
                         async_op, result=(output,))
 
@@ -296,10 +310,11 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List
     if pg is None:
         return None
     if (not async_op and output_split_sizes is None and input_split_sizes is None and
-            _call.small(pg, name, ALL_TO_ALL, input, output)):
+            (_call.small(pg, name, ALL_TO_ALL, input, output) or
+             _call.stream(pg, name, ALL_TO_ALL, input, output))):
         return None
     comm, out, arr = _call.pair(pg, name, output, input, "output", "input")
-    arr = _call.apart(arr, out)  # in place: output is input
+    arr = _call.apart(arr, out, None, comm, pg, name)  # in place: output is input
     if output_split_sizes is None and input_split_sizes is None:
         if arr.size != out.size or arr.size % pg.size():
             raise pg.error(name, f"input ({arr.size} elements) and output ({out.size}) must "
@@ -320,6 +335,7 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
         return None
     first_raw = _call.count_list(pg, name, input_tensor_list, "input_tensor_list")[0]
     comm, first = _call.array(pg, name, first_raw, "input_tensor_list[0]", output=False)
+    _call.uncaptured(pg, name, comm, "all_to_all_single")
     inputs = _array_list(pg, name, comm, None, input_tensor_list, "input_tensor_list",
                          output=False)
     outputs = _array_list(pg, name, comm, None, output_tensor_list, "output_tensor_list")

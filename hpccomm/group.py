@@ -49,6 +49,8 @@ class ProcessGroup:
         self._prune_at = 64
         self.live = True
         self._communicators: Dict[str, Any] = {}
+        #: The CUDA backend's ``stream_run`` once that backend exists (``_call.stream``).
+        self.stream_run: Any = None
         self.cpu = self.communicator("cpu")
         self.bound_device_id: Optional[int] = None
 
@@ -98,6 +100,8 @@ class ProcessGroup:
             raise DistBackendError(f"rank {self._rank} of group '{self.group_name}': "
                                    f"cannot start backend '{name}' for {device}: {exc}") from exc
         self._communicators[device] = made
+        if device == "cuda":
+            self.stream_run = getattr(made, "stream_run", None)
         return made
 
     # -- async operations ---------------------------------------------------------------
@@ -189,6 +193,7 @@ class ProcessGroup:
         self.pending = []
         communicators = list(self._communicators.values())
         self._communicators.clear()
+        self.stream_run = None
         mpi = mpi_backend()
         with mpi.frees_after(_work.running(self)):
             for communicator in communicators:

@@ -29,8 +29,9 @@ from ..work import Started, Work
 Outcome = Union[Started, Work]
 
 
-#: Operation codes of :attr:`Communicator.small_run` (the shared-memory small channel's).
-BARRIER, ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = range(6)
+#: Operation codes of :attr:`Communicator.small_run` (the shared-memory small channel's)
+#: and of :attr:`Communicator.stream_run`, which also takes ``REDUCE``.
+BARRIER, ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, REDUCE = range(7)
 
 
 class Communicator(abc.ABC):
@@ -52,6 +53,16 @@ class Communicator(abc.ABC):
     #: waits for it). ``None``: the backend has none.
     small_run: Optional[Callable[..., int]] = None
     small: Any = None
+    #: A synchronous operation enqueued whole on the caller's current CUDA stream, where
+    #: the backend's completion is stream-ordered (NCCL): ``stream_run(code, send, recv,
+    #: redop, root)`` returns 0 once enqueued, -1 where it does not apply (nothing is
+    #: done; the general path then starts it). ``None``: the backend has none.
+    stream_run: Optional[Callable[..., int]] = None
+
+    def capturing(self) -> bool:
+        """Whether the caller's stream is capturing a CUDA graph (GPU backends; a CPU
+        backend never sees one)."""
+        return False
 
     # -- collectives ------------------------------------------------------------------
     @abc.abstractmethod

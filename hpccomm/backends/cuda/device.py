@@ -6,11 +6,18 @@ CuPy is imported lazily (:func:`cupy`), never when ``hpccomm`` is imported.
   ``device_id=`` if given, else this rank's node-local index (``LOCAL_RANK`` or
   ``MPI_Comm_split_type(SHARED)`` on the world). The device is
   ``device_id`` or ``local_rank % device_count``, fixed then, never re-guessed later.
-* **Streams.** A GPU operation runs on its backend's internal stream after an event
-  recorded on the caller's current stream; its :class:`CudaWork` holds a "done" event.
+* **Streams.** A synchronous operation is enqueued on the caller's current stream; an
+  asynchronous one on its backend's internal stream after an event recorded on the
+  caller's current stream, and its :class:`CudaWork` holds a "done" event.
   ``wait()`` makes the caller's current stream wait for that event and returns without
   blocking the CPU (torch's CUDA semantics); ``is_completed()`` queries the event.
   ``HPCCOMM_NCCL_BLOCKING_WAIT=1`` makes ``wait()`` block the CPU under the timeout.
+  Done events come from a pool (:class:`Watchdog` gives them back once done), so a
+  warmed-up call creates none.
+* **Graph capture.** :func:`caller_stream` says whether the caller's stream (CuPy's
+  current one, or torch's while torch captures) is capturing a CUDA graph. A captured
+  operation is enqueued on that stream and nothing else: no event, no query, no host
+  synchronization, no allocation; its Work is complete at once (:data:`CAPTURED`).
 * **Timeouts.** A :class:`Watchdog` thread per backend communicator checks outstanding
   events against their deadlines; on expiry it records a ``DistTimeoutError`` and aborts
   the communicator (``ncclCommAbort``), so the stuck kernels exit and the error surfaces
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import sys
 import threading
 import time
 from typing import Any, Callable, Deque, List, Optional, Tuple
@@ -29,6 +37,8 @@ import numpy as np
 from ... import launcher_env, observe, settings
 from ...errors import DistError
 from ...work import Work
+
+_monotonic = time.monotonic
 
 _cupy: Any = None
 
@@ -127,6 +137,47 @@ def bound_device() -> int:
     return binding.device
 
 
+# -- the caller's stream and graph capture ----------------------------------------------------
+def caller_stream(cp: Any) -> Tuple[Any, bool]:
+    """``(stream, capturing)``: the stream a call is ordered on and whether it is capturing
+    a CUDA graph. That is CuPy's current stream, unless torch is capturing on its own
+    current stream (``torch.cuda.graph``): then torch's, so the operation joins torch's
+    graph. Costs a ``cudaStreamIsCapturing``, and with torch's CUDA initialized, torch's
+    own check.
+    """
+    current = cp.cuda.get_current_stream()
+    try:
+        if current.is_capturing():
+            return current, True
+        refused = None
+    except Exception as exc:  # the legacy stream while some capture is in progress
+        refused = exc
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_initialized() and cuda.is_current_stream_capturing():
+            return cp.cuda.ExternalStream(cuda.current_stream().cuda_stream), True
+    if refused is not None:
+        raise DistError(f"CUDA refuses this call's stream, CuPy's current stream {current!r}, "
+                        f"while a graph is being captured ({refused}); make the capturing "
+                        f"stream current, or use a non-blocking stream") from refused
+    return current, False
+
+
+class _Captured:
+    """The done "event" of an operation captured in a CUDA graph: nothing to wait for or
+    query on the host (the operation runs when the graph is launched, ordered on its
+    stream), so its Work is complete at once."""
+
+    done = True
+
+    def __repr__(self) -> str:
+        return "CAPTURED"
+
+
+CAPTURED = _Captured()
+
+
 # -- stream-ordered work --------------------------------------------------------------------
 class CudaWork(Work):
     """A GPU operation: ``test()`` queries its done event; ``wait()`` orders the stream.
@@ -161,10 +212,12 @@ class CudaWork(Work):
         if failure is not None:
             self._fail(failure)
             raise failure
-        if self.event is None:
+        event = self.event
+        if event is None:
             raise DistError(f"{self.describe()}: wait() before the batch_isend_irecv "
                             f"batch holding it was closed")
-        cupy().cuda.get_current_stream().wait_event(self.event)
+        if event is not CAPTURED:
+            cupy().cuda.get_current_stream().wait_event(event)
         self._complete()
         return True
 
@@ -184,37 +237,52 @@ class CudaWork(Work):
 class Watchdog:
     """Tracks a communicator's outstanding events; aborts it when one outlives its timeout.
 
-    The main thread appends ``(start, event, work)``; finished heads are dropped (which
-    also releases the arrays the work keeps alive). A daemon thread polls every
-    ``interval`` seconds; it never enqueues GPU work, it only queries events, asks NCCL
-    for asynchronous errors and, on a deadline, calls ``owner.fail(..., abort=True)``.
+    The main thread appends ``(start, event, work, keep, recycle)``: ``work`` is the
+    operation's Work, or for a synchronous call made without one the operation's name;
+    ``keep`` holds its arrays. Finished heads are dropped (:meth:`reap`), which releases
+    those arrays and gives the event back to ``pool`` if ``recycle`` (an event shared by
+    several entries is not) and no pending Work holds it. A daemon
+    thread polls every ``interval`` seconds; it never enqueues GPU work, it only queries
+    events, asks NCCL for asynchronous errors and, on a deadline, calls
+    ``owner.fail(..., abort=True)``.
     """
 
-    def __init__(self, owner: Any, device: int, timeout: Optional[float]):
+    def __init__(self, owner: Any, device: int, timeout: Optional[float],
+                 pool: Optional[List[Any]] = None):
         self.owner = owner
         self.device = device
         self.timeout = timeout
-        self.entries: Deque[Tuple[float, Any, Work]] = collections.deque()
+        self.pool: List[Any] = [] if pool is None else pool
+        self.entries: Deque[Tuple[float, Any, Any, Any, bool]] = collections.deque()
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread: Optional[threading.Thread] = None
         self.interval = 0.05 if timeout is None else min(1.0, max(0.01, timeout / 20))
 
-    def track(self, event: Any, work: Work) -> None:
-        entries = self.entries
+    def track(self, event: Any, work: Any, keep: Any = None, recycle: bool = True) -> None:
+        """Watch ``event``, recorded after ``work`` (a Work, or a synchronous call's name)."""
+        entry = (_monotonic(), event, work, keep, recycle)
         with self.lock:
-            while entries and entries[0][1].done:
-                entries.popleft()
-            entries.append((time.monotonic(), event, work))
+            self.entries.append(entry)
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="hpccomm-nccl-watchdog",
                                            daemon=True)
             self.thread.start()
 
-    def pending(self) -> List[Tuple[float, Any, Work]]:
+    def reap(self) -> None:
+        """Drop the finished heads; each event goes back to the pool unless a Work that
+        is still pending holds it (a Work waited for later releases nothing: its event
+        is simply dropped)."""
+        entries, pool = self.entries, self.pool
         with self.lock:
-            while self.entries and self.entries[0][1].done:
-                self.entries.popleft()
+            while entries and entries[0][1].done:
+                _, event, work, _, recycle = entries.popleft()
+                if recycle and (type(work) is str or work.state != "pending"):
+                    pool.append(event)
+
+    def pending(self) -> List[Tuple[float, Any, Any, Any, bool]]:
+        self.reap()
+        with self.lock:
             return list(self.entries)
 
     def _run(self) -> None:
@@ -226,7 +294,7 @@ class Watchdog:
             if self.owner.failure is not None:
                 return
             try:
-                self.check(time.monotonic())
+                self.check(_monotonic())
             except Exception:  # never let the watchdog die silently on a query error
                 pass
 
@@ -237,12 +305,16 @@ class Watchdog:
             self.owner.fail(None, f"NCCL reported an asynchronous error: {error}",
                             abort=True, timeout=False)
             return
-        for start, event, work in self.pending():
+        for start, event, work, _, _ in self.pending():
             if event.done:
                 continue
-            limit = work.timeout if work.timeout is not None else self.timeout
+            if type(work) is str:  # a synchronous call: the group's timeout
+                limit, what, work = self.timeout, f"a synchronous {work}", None
+            else:
+                limit = work.timeout if work.timeout is not None else self.timeout
+                what = work.describe()
             if limit is not None and now - start > limit:
-                self.owner.fail(work, f"{work.describe()} did not finish on the GPU within "
+                self.owner.fail(work, f"{what} did not finish on the GPU within "
                                       f"{limit} s", abort=True, waited=now - start)
                 return
 

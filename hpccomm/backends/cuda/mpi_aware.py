@@ -23,6 +23,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ... import launcher_env, settings
+from ...errors import DistError
 from ...types import RedOpType
 from ...work import Started, chain
 from . import device as _cuda
@@ -85,8 +86,16 @@ class MPICudaCommunicator(Communicator):
             self._sync()  # the host buffers may be freed once this returns
         return _then(started, copy_back, pairs)
 
+    def capturing(self) -> bool:
+        return _cuda.caller_stream(self.cp)[1]
+
     def _direct(self, kind: Optional[RedOpType], dtype: Any) -> bool:
-        """Whether this call may hand device pointers to MPI."""
+        """Whether this call may hand device pointers to MPI (every operation asks first,
+        so a CUDA graph capture is refused here: MPI synchronizes the host)."""
+        if _cuda.caller_stream(self.cp)[1]:
+            raise DistError("MPI on CuPy arrays cannot be captured in a CUDA graph: MPI "
+                            "knows no streams, so each call synchronizes the host (use "
+                            "the NCCL backend, backend='cpu:mpi,cuda:nccl', to capture)")
         if not self.cuda_aware:
             return False
         if kind is None:

@@ -6,8 +6,19 @@ collective (all ranks call it); a point-to-point call before any collective make
 two-rank communicator for that pair (id sent over MPI by the lower rank), as torch does.
 ``batch_isend_irecv`` always uses the group communicator, in one NCCL group call.
 
-Every operation runs on this backend's internal stream, after an event recorded on the
-caller's current stream, and returns a :class:`~._cuda.CudaWork` (see ``_cuda``).
+A synchronous operation (``async_op=False``) is enqueued on the caller's current stream,
+as torch does: nothing to order across streams. The common ones (a contiguous CuPy
+array, a dtype and op NCCL reduces natively) take :meth:`NCCLCommunicator.stream_run`,
+which builds no Work; the rest, and every asynchronous operation, go through the
+methods below: on this backend's internal stream, after an event recorded on the
+caller's current stream, returning a :class:`~.device.CudaWork`. Done events come from a
+pool that the watchdog refills, so a warmed-up call creates no CUDA event.
+
+Inside a CUDA graph capture (the caller's stream is capturing, see
+:func:`~.device.caller_stream`) every operation is enqueued on the capturing stream and
+nothing else happens: no event, no query, no host synchronization, no allocation, and
+the Work is complete at once. What would need any of those (a first collective, which
+makes the NCCL communicator; staged dtypes and ops) raises instead.
 Movement (broadcast, gather, send...) is byte-exact (``ncclInt8``). Reductions map to
 NCCL types and ops; what NCCL lacks is done around it: complex as pairs of reals, bool
 as uint8 MIN/MAX, int16 in int32, ``AVG`` as ``ncclAvg`` (NCCL >= 2.10, else sum then
@@ -22,12 +33,14 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
+from ..._arrays import FAMILY
 from ...errors import DistBackendError, DistError, DistTimeoutError, DistValueError
 from ...types import RedOpType, Tag
 from ...work import Work
 from . import device as _cuda, nccl_lib, shared_gpu
 from .nccl_plan import UFUNC, Plan, make_plan, offsets
-from ..base import Communicator
+from ..base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, REDUCE, REDUCE_SCATTER,
+                    Communicator)
 
 _SUM, _AVG, _PREMUL = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM
 
@@ -35,6 +48,10 @@ _SUM, _AVG, _PREMUL = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM
 BOOTSTRAP_TAG = Tag.NCCL_BOOTSTRAP
 _MEMCPY_D2D = 3  # cudaMemcpyDeviceToDevice
 _available: Optional[bool] = None
+#: Operation code -> name, for the watchdog's message about a synchronous call.
+_NAMES = {ALL_REDUCE: "all_reduce", BROADCAST: "broadcast", REDUCE: "reduce",
+          ALL_GATHER: "all_gather_into_tensor", REDUCE_SCATTER: "reduce_scatter_tensor",
+          ALL_TO_ALL: "all_to_all_single"}
 
 
 def nccl_module() -> Any:
@@ -83,6 +100,7 @@ class NCCLCommunicator(Communicator):
         self.timeout = timeout
         self.cp = _cuda.cupy()
         self.nccl = nccl_module()
+        self._array = self.cp.ndarray
         self.device = _cuda.bound_device()
         self._dev = self.cp.cuda.Device(self.device)
         with self._dev:
@@ -95,11 +113,22 @@ class NCCLCommunicator(Communicator):
         self._pairs: Dict[int, Any] = {}            # peer -> two-rank communicator
         self._created: List[Any] = []               # every NCCL communicator, in order
         self._plans: Dict[Tuple[Any, RedOpType], Plan] = {}
+        #: (op, dtype) -> (NCCL type, NCCL op, bytes per counted element): the
+        #: reductions :meth:`stream_run` takes, each added when the general path first
+        #: plans it (:meth:`_plan`; the op was validated for the dtype by then) and NCCL
+        #: does it whole.
+        self._native: Dict[Tuple[RedOpType, Any], Tuple[int, int, int]] = {}
         self._batch: Optional[List[Work]] = None
         self._group_open = False
         self._lock = threading.RLock()
         self._closed = False
-        self.watchdog = _cuda.Watchdog(self, self.device, timeout)
+        self._capturing = False  # whether the operation being enqueued is captured
+        #: The done event of the internal stream's latest operation, until a synchronous
+        #: call on a caller's stream is ordered after it (so that this rank's operations
+        #: reach the device in the order they were called, as when all ran on one stream).
+        self._behind: Any = None
+        self._pool: List[Any] = []  # done events free for reuse (refilled by the watchdog)
+        self.watchdog = _cuda.Watchdog(self, self.device, timeout, self._pool)
 
     # -- communicators --------------------------------------------------------------------
     def _new_comm(self, nranks: int, uid: bytes, rank: int) -> Any:
@@ -111,6 +140,7 @@ class NCCLCommunicator(Communicator):
     def _full(self) -> Any:
         """The group's NCCL communicator; made on first use (collective over the group)."""
         if self._comm is None:
+            self._not_capturing("its first collective makes the group's NCCL communicator")
             shared_gpu.check_group(self.mpi_comm, self.cp, self.device, self.timeout)
             payload: Any = None
             if self.rank == 0:
@@ -135,6 +165,8 @@ class NCCLCommunicator(Communicator):
             return pair, 0 if peer < self.rank else 1
         if self._comm is not None or self.size <= 2:
             return self._full(), peer
+        self._not_capturing("a first send or receive between two ranks makes their NCCL "
+                            "communicator")
         shared_gpu.check_pair(self.mpi_comm, self.cp, self.device, self.rank, peer,
                               self.timeout)
         low = self.rank < peer
@@ -152,8 +184,19 @@ class NCCLCommunicator(Communicator):
             self._group_open = True
 
     # -- ordering -------------------------------------------------------------------------
+    def _not_capturing(self, why: str) -> None:
+        """Raise if the caller's stream is capturing a CUDA graph: ``why`` cannot be."""
+        if _cuda.caller_stream(self.cp)[1]:
+            raise DistError(f"this operation cannot be captured in a CUDA graph: {why} "
+                            f"(run it once before capturing, or outside the capture)")
+
+    def capturing(self) -> bool:
+        """Whether the caller's stream is capturing a CUDA graph now."""
+        return _cuda.caller_stream(self.cp)[1]
+
     def _begin(self, *arrays: Any) -> Any:
-        """Check state and devices; order the internal stream after the caller's stream."""
+        """Check state and devices; the stream to enqueue on: the internal one, ordered
+        after the caller's stream, or the caller's own when it is capturing a graph."""
         if self.failure is not None:
             raise self.failure
         if self._closed:
@@ -163,12 +206,24 @@ class NCCLCommunicator(Communicator):
                 raise DistValueError(f"array on cuda:{arr.device.id}, but this rank's NCCL "
                                      f"communicator is bound to cuda:{self.device} (pass "
                                      f"device_id= to init_process_group or move the array)")
-        current = self.cp.cuda.get_current_stream()
+        current, self._capturing = _cuda.caller_stream(self.cp)
+        if self._capturing:
+            return current
         stream = self.stream
         if current != stream:
             self._ready.record(current)
             stream.wait_event(self._ready)
         return stream
+
+    def _done_event(self) -> Any:
+        """A CUDA event to record: one from the pool, else a new one."""
+        pool = self._pool
+        if not pool:
+            self.watchdog.reap()  # finished events go back to the pool
+            if not pool:
+                with self._dev:
+                    return self.cp.cuda.Event(disable_timing=True)
+        return pool.pop()
 
     def _end(self, keep: Any, finish: Any = None) -> Work:
         """The Work of what was just enqueued (its event comes at ``end_batch`` in a batch)."""
@@ -176,17 +231,141 @@ class NCCLCommunicator(Communicator):
         if self._batch is not None:
             self._batch.append(work)
             return work
-        with self._dev:
-            event = self.cp.cuda.Event(disable_timing=True)
+        if self._capturing:
+            work.event = _cuda.CAPTURED
+            return work
+        event = self._done_event()
         event.record(self.stream)
-        work.event = event
+        work.event = self._behind = event
         self.watchdog.track(event, work)
         return work
 
+    def _no_staging(self, why: str) -> None:
+        """Raise inside a capture: the operation needs a temporary buffer (``why``)."""
+        if self._capturing:
+            raise DistError(f"this operation cannot be captured in a CUDA graph: {why} "
+                            f"needs a temporary device buffer per call")
+
+    # -- the synchronous fast path ------------------------------------------------------------
+    def stream_run(self, code: int, send: Any, recv: Any, redop: Any, root: int) -> int:
+        """A synchronous operation enqueued whole on the caller's current stream, with no
+        Work, no cross-stream event and no allocation: 0 once enqueued, -1 (nothing done)
+        where the general path applies: a first call (no NCCL communicator yet), blocking
+        wait, an open batch, a failure, anything but contiguous CuPy arrays of this
+        device, a reduction not yet planned or not NCCL's own (:meth:`_plan`), sizes the
+        general path must check, overlapping buffers it must copy, empty ones.
+
+        ``code`` is an operation code of :mod:`..base`; ``send``/``recv`` are the input
+        and output (the same array for all_reduce, broadcast and reduce), ``redop`` the
+        caller's op, ``root`` a group rank already resolved. Outside a capture a pooled
+        event recorded after the call lets the watchdog time it and keeps the arrays
+        alive until it is done.
+        """
+        array = self._array
+        if type(send) is not array or type(recv) is not array:
+            return -1
+        dtype = send.dtype
+        if (not send.flags.c_contiguous or send.device.id != self.device or
+                (recv is not send and (recv.dtype != dtype or not recv.flags.c_contiguous
+                                       or recv.device.id != self.device))):
+            return -1
+        with self._lock:
+            comm = self._comm
+            if (comm is None or self.failure is not None or self._closed or self.blocking
+                    or self._batch is not None):
+                return -1
+            if code == ALL_REDUCE or code == REDUCE:
+                native = (self._native.get((redop, dtype)) if type(redop) is RedOpType
+                          else None)
+                if native is None:
+                    return -1
+                ntype, nop, unit = native
+                stream, capturing = self._caller_stream()
+                ptr = send.data.ptr
+                if code == ALL_REDUCE:
+                    comm.allReduce(ptr, ptr, send.nbytes // unit, ntype, nop, stream.ptr)
+                else:
+                    comm.reduce(ptr, ptr, send.nbytes // unit, ntype, nop, root, stream.ptr)
+            elif code == BROADCAST:
+                if dtype not in FAMILY:
+                    return -1
+                stream, capturing = self._caller_stream()
+                ptr = send.data.ptr
+                comm.broadcast(ptr, ptr, send.nbytes, self.nccl.NCCL_INT8, root, stream.ptr)
+            else:
+                started = self._stream_pair(comm, code, send, recv, redop, dtype)
+                if started is None:
+                    return -1
+                stream, capturing = started
+            if not capturing:
+                event = self._done_event()
+                event.record(stream)
+                self.watchdog.track(event, _NAMES[code], (send, recv))
+        return 0
+
+    def _caller_stream(self) -> Tuple[Any, bool]:
+        """``(stream, capturing)`` for :meth:`stream_run`, the stream ordered after the
+        internal stream's latest operation when it has not been yet (outside a capture,
+        where that event cannot be waited for)."""
+        stream, capturing = _cuda.caller_stream(self.cp)
+        behind = self._behind
+        if behind is not None and not capturing:
+            stream.wait_event(behind)
+            self._behind = None
+        return stream, capturing
+
+    def _stream_pair(self, comm: Any, code: int, send: Any, recv: Any, redop: Any,
+                     dtype: Any) -> Optional[Tuple[Any, bool]]:
+        """:meth:`stream_run` for an input and an output array (all_gather_into_tensor,
+        reduce_scatter_tensor, all_to_all_single): ``(stream, capturing)`` once enqueued,
+        ``None`` where the general path applies."""
+        size, n_send, n_recv = self.size, send.nbytes, recv.nbytes
+        s_ptr, r_ptr = send.data.ptr, recv.data.ptr
+        apart = s_ptr >= r_ptr + n_recv or r_ptr >= s_ptr + n_send
+        if not n_send or not n_recv:
+            return None
+        int8 = self.nccl.NCCL_INT8
+        if code == ALL_GATHER:
+            if (n_recv != n_send * size or dtype not in FAMILY or
+                    not (apart or s_ptr == r_ptr + self.rank * n_send)):
+                return None
+            stream, capturing = self._caller_stream()
+            comm.allGather(s_ptr, r_ptr, n_send, int8, stream.ptr)
+        elif code == REDUCE_SCATTER:
+            native = self._native.get((redop, dtype)) if type(redop) is RedOpType else None
+            if native is None or n_send != n_recv * size or not apart:
+                return None
+            ntype, nop, unit = native
+            stream, capturing = self._caller_stream()
+            comm.reduceScatter(s_ptr, r_ptr, n_recv // unit, ntype, nop, stream.ptr)
+        elif code == ALL_TO_ALL:
+            block = n_send // size
+            if (n_send != n_recv or send.size % size or dtype not in FAMILY or not apart):
+                return None
+            stream, capturing = self._caller_stream()
+            handle, me = stream.ptr, self.rank
+            self.nccl.groupStart()
+            try:
+                for peer in range(size):
+                    if peer != me:
+                        comm.send(s_ptr + peer * block, block, int8, peer, handle)
+                        comm.recv(r_ptr + peer * block, block, int8, peer, handle)
+            finally:
+                self.nccl.groupEnd()
+            self._copy(r_ptr + me * block, s_ptr + me * block, block, stream)
+        else:
+            return None
+        return stream, capturing
+
     def _plan(self, dtype: Any, kind: RedOpType) -> Plan:
+        """The plan of a reduction, made once; :meth:`stream_run` takes it from then on
+        if NCCL does it whole (no staging, no division, no premultiplication)."""
         plan = self._plans.get((dtype, kind))
         if plan is None:
             plan = self._plans[(dtype, kind)] = make_plan(self.nccl, dtype, kind, self.has_avg)
+            if plan.mode == "native" and not plan.divide and kind is not _PREMUL:
+                self._native[(kind, dtype)] = (plan.nccl_type, plan.nccl_op,
+                                               plan.unit.itemsize)
         return plan
 
     # -- local steps on the internal stream ---------------------------------------------------
@@ -241,6 +420,21 @@ class NCCLCommunicator(Communicator):
             comm.broadcast(ptr, ptr, buf.nbytes, self.nccl.NCCL_INT8, root, stream.ptr)
             return self._end(buf)
 
+    def _capturable(self, plan: Plan, kind: RedOpType, dtype: Any, in_place: bool) -> None:
+        """Raise inside a capture where this reduction needs a temporary buffer."""
+        if not self._capturing:
+            return
+        if plan.mode == "gather":
+            why = f"{kind.name} on {dtype} (all-gathered, then reduced locally)"
+        elif plan.stage is not None:
+            why = f"{kind.name} on {dtype} (reduced in {plan.stage})"
+        elif kind is _PREMUL and (not in_place or _cuda.is_bfloat16(dtype)):
+            why = "PREMUL_SUM here (the input is multiplied into a copy)"
+        else:
+            return
+        raise DistError(f"this operation cannot be captured in a CUDA graph: {why} needs "
+                        f"a temporary device buffer per call")
+
     def all_reduce(self, buf: Any, kind: RedOpType, factor: Any) -> Work:
         plan = self._plans.get((buf.dtype, kind)) or self._plan(buf.dtype, kind)
         with self._lock:
@@ -251,6 +445,7 @@ class NCCLCommunicator(Communicator):
                 comm.allReduce(ptr, ptr, buf.nbytes // plan.unit.itemsize, plan.nccl_type,
                                plan.nccl_op, stream.ptr)
                 return self._end(buf)
+            self._capturable(plan, kind, buf.dtype, True)
             with self._dev, stream:
                 if plan.mode == "gather":
                     flat = buf.reshape(-1)
@@ -270,6 +465,7 @@ class NCCLCommunicator(Communicator):
         with self._lock:
             comm = self._full()
             stream = self._begin(buf)
+            self._capturable(plan, kind, buf.dtype, at_root)
             with self._dev, stream:
                 if plan.mode == "gather":
                     flat = buf.reshape(-1)
@@ -359,6 +555,7 @@ class NCCLCommunicator(Communicator):
         with self._lock:
             comm = self._full()
             stream = self._begin(send, recv)
+            self._capturable(plan, kind, send.dtype, False)
             with self._dev, stream:
                 flat_out = recv.reshape(-1)
                 if plan.mode == "gather":
@@ -421,6 +618,7 @@ class NCCLCommunicator(Communicator):
         with self._lock:
             comm = self._full()
             stream = self._begin()
+            self._no_staging("an NCCL barrier")
             with self._dev, stream:
                 token = self.cp.zeros(1, self.cp.int32)
             comm.allReduce(token.data.ptr, token.data.ptr, 1, self.nccl.NCCL_INT32,
@@ -457,12 +655,16 @@ class NCCLCommunicator(Communicator):
             self._group_open = False
             self.nccl.groupEnd()
         if batch:
+            if self._capturing:
+                for work in batch:
+                    work.event = _cuda.CAPTURED
+                return
             with self._dev:
-                event = self.cp.cuda.Event(disable_timing=True)
+                event = self._behind = self.cp.cuda.Event(disable_timing=True)
             event.record(self.stream)
-            for work in batch:
+            for work in batch:  # one event for them all: not for the pool
                 work.event = event
-                self.watchdog.track(event, work)
+                self.watchdog.track(event, work, recycle=False)
 
     # -- failure and life cycle ---------------------------------------------------------------
     def async_error(self) -> Optional[str]:
@@ -507,15 +709,19 @@ class NCCLCommunicator(Communicator):
         if self._closed:
             return
         self._closed = True
-        self.watchdog.close()
         if self.failure is None and self._created:
+            # synchronous calls ran on the callers' streams: their events say when done
             deadline = time.monotonic() + (self.timeout if self.timeout is not None else 1e9)
-            while not self.stream.done:
+            while not self.stream.done or self.watchdog.pending():
+                if self.failure is not None:  # the watchdog aborted meanwhile
+                    break
                 if time.monotonic() > deadline:
+                    self.watchdog.close()
                     self.fail(None, "work still pending at shutdown after the timeout",
                               abort=True)
                     return
                 time.sleep(0.0005)
+        self.watchdog.close()
         for made in self._created:
             try:
                 made.destroy()

@@ -1,4 +1,9 @@
-"""Simulated CuPy (tests only): host NumPy arrays behind a CuPy-like surface."""
+"""Simulated CuPy (tests only): host NumPy arrays behind a CuPy-like surface.
+
+An array that owns its memory counts as a device allocation (``cuda.counts``); views
+do not. During a stream capture an allocation, and a synchronous copy between host and
+device (``get``, ``set``, ``asnumpy``), fail loudly (see ``cuda``).
+"""
 import numpy as _np
 
 from . import cuda  # noqa: F401
@@ -33,6 +38,10 @@ class ndarray:
     """A host array posing as a device array (``data.ptr`` is a host address)."""
 
     def __init__(self, a):
+        if a.base is None:  # owns its memory: an allocation
+            cuda.counts["allocations"] += 1
+            if cuda.capture_here():
+                cuda.forbidden("a device allocation")
         self._a = a
         self.device = _Dev(cuda.current[0])  # the device current when it was made
 
@@ -42,7 +51,13 @@ class ndarray:
     ndim = property(lambda self: self._a.ndim)
     nbytes = property(lambda self: self._a.nbytes)
     flags = property(lambda self: self._a.flags)
-    data = property(lambda self: _Data(self._a))
+
+    @property
+    def data(self):  # made once, as CuPy's (a stored attribute there)
+        data = self.__dict__.get("_data")
+        if data is None:
+            data = self._data = _Data(self._a)
+        return data
 
     def reshape(self, *shape):
         return ndarray(self._a.reshape(*shape))
@@ -51,6 +66,8 @@ class ndarray:
         return ndarray(self._a.view(dtype))
 
     def astype(self, dtype, copy=True):
+        if not copy and self._a.dtype == dtype:
+            return self
         return ndarray(self._a.astype(dtype, copy=copy))
 
     def copy(self):
@@ -63,12 +80,16 @@ class ndarray:
         return self._a.all()
 
     def get(self, stream=None, out=None):
+        if cuda.capture_here():
+            cuda.forbidden("a device-to-host copy")
         if out is None:
             return self._a.copy()
         out[...] = self._a
         return out
 
     def set(self, arr, stream=None):
+        if cuda.capture_here():
+            cuda.forbidden("a host-to-device copy")
         self._a[...] = arr
 
     def __len__(self):
@@ -135,4 +156,6 @@ def ascontiguousarray(x):
 
 
 def asnumpy(x):
+    if cuda.capture_here():
+        cuda.forbidden("a device-to-host copy")
     return _np.array(_unwrap(x))

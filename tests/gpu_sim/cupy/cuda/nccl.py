@@ -7,6 +7,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from . import enqueued
+
 available = True
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
 (NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64, NCCL_FLOAT16,
@@ -107,8 +109,9 @@ class NcclCommunicator:
         self.rank, self.ndev, self.pending = rank, ndev, []
         self.aborted = False
 
-    def _run(self, name, fn, is_send=False):
+    def _run(self, name, fn, stream, is_send=False):
         calls.append(name)
+        enqueued(stream, name)
         if self.aborted:
             raise RuntimeError("NCCL error: communicator aborted")
         if _depth[0]:
@@ -127,7 +130,7 @@ class NcclCommunicator:
             mine = _view(send, count, dtype).copy()
             parts = self._allgather(mine, "allReduce")
             _view(recv, count, dtype)[...] = _reduce(parts, op, mine.dtype)
-        self._run("allReduce", run)
+        self._run("allReduce", run, stream)
 
     def reduce(self, send, recv, count, dtype, op, root, stream):
         def run():
@@ -135,7 +138,7 @@ class NcclCommunicator:
             parts = self._allgather(mine, "reduce")
             if self.rank == root:
                 _view(recv, count, dtype)[...] = _reduce(parts, op, mine.dtype)
-        self._run("reduce", run)
+        self._run("reduce", run, stream)
 
     def broadcast(self, send, recv, count, dtype, root, stream):
         def run():
@@ -143,31 +146,31 @@ class NcclCommunicator:
                     np.empty(count, _DTYPES[dtype]))
             _wait(self.comm.Ibcast(_bytes(data), root=root), "broadcast")
             _view(recv, count, dtype)[...] = data
-        self._run("broadcast", run)
+        self._run("broadcast", run, stream)
 
     def reduceScatter(self, send, recv, count, dtype, op, stream):
         def run():
             mine = _view(send, count * self.ndev, dtype).copy()
             full = _reduce(self._allgather(mine, "reduceScatter"), op, mine.dtype)
             _view(recv, count, dtype)[...] = full[self.rank * count:(self.rank + 1) * count]
-        self._run("reduceScatter", run)
+        self._run("reduceScatter", run, stream)
 
     def allGather(self, send, recv, count, dtype, stream):
         def run():
             parts = self._allgather(_view(send, count, dtype).copy(), "allGather")
             _view(recv, count * self.ndev, dtype)[...] = np.concatenate(parts)
-        self._run("allGather", run)
+        self._run("allGather", run, stream)
 
     def send(self, buf, count, dtype, peer, stream):
         def run():
             data = _view(buf, count, dtype).copy()
             self.pending.append((self.comm.Isend(_bytes(data), dest=peer), data))
-        self._run("send", run, is_send=True)
+        self._run("send", run, stream, is_send=True)
 
     def recv(self, buf, count, dtype, peer, stream):
         def run():
             _wait(self.comm.Irecv(_bytes(_view(buf, count, dtype)), source=peer), "recv")
-        self._run("recv", run)
+        self._run("recv", run, stream)
 
     def check_async_error(self):
         pass
