@@ -22,7 +22,7 @@ from .backends.base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER,  # noqa
                             BROADCAST, REDUCE, REDUCE_SCATTER)
 from ._arrays import FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistBackendError, DistError
-from .group import GroupLike, ProcessGroup, member_group, skip
+from .group import GroupLike, ProcessGroup, member_group, registry, skip
 from .types import RedOpType, split_op
 from .work import Work, chain, failure_error, poll
 
@@ -203,6 +203,10 @@ def member(group: GroupLike, op: str, peer: Optional[int] = None,
     at membership: with ``name`` (``"src"``, ``"dst"``) given, ``peer`` and ``group_peer``
     not both, and one of them if ``required``. The warning points at the user's call.
     """
+    if group is None:  # the default group, tested first: this runs on every operation
+        world = registry.world
+        if world is not None:
+            return world
     pg = member_group(group, op)
     if pg is None:
         skip(op, peer, group_peer, name, required, stacklevel=4)
@@ -210,26 +214,28 @@ def member(group: GroupLike, op: str, peer: Optional[int] = None,
 
 
 def rooted(group: GroupLike, op: str, rank: Optional[int], group_rank: Optional[int],
-           name: str, default: Optional[int] = None, required: bool = False,
-           checked_outside: bool = True) -> Optional[Tuple[ProcessGroup, int, bool]]:
-    """``(group, root, at_root)`` of a rooted operation: its group, the group rank meant
-    by ``rank``/``group_rank`` (:func:`root`; the global rank ``default`` when neither is
-    given) and whether this rank is that root. ``None`` on a rank outside the group, as
+           name: str, required: bool = False, default: Optional[int] = None,
+           checked_outside: bool = True) -> Optional[Tuple[ProcessGroup, int]]:
+    """``(group, root)`` of a rooted operation: its group and the group rank meant by
+    ``rank``/``group_rank`` (:func:`root`; the global rank ``default`` when neither is
+    given; ``required``: one of them must be). ``None`` on a rank outside the group, as
     from :func:`member`, after the same checks of ``rank`` and ``group_rank`` unless
     ``checked_outside`` is false (torch's ``gather`` resolves ``dst`` on members only).
     """
     if rank is None and group_rank is None:
         rank = default
     # member() and root() inlined for the common case: each call costs every operation
-    pg = member_group(group, op)
+    pg = registry.world if group is None else None
     if pg is None:
-        skip(op, rank, group_rank, name if checked_outside else None, required,
-             stacklevel=4)
-        return None
+        pg = member_group(group, op)
+        if pg is None:
+            skip(op, rank, group_rank, name if checked_outside else None, required,
+                 stacklevel=4)
+            return None
     at = pg.rank_of.get(rank) if group_rank is None and type(rank) is int else None
     if at is None:
         at = root(pg, op, rank, group_rank, name)
-    return pg, at, pg.rank() == at
+    return pg, at
 
 
 def count_list(pg: ProcessGroup, op: str, arrays: Sequence[Any], what: str) -> list:

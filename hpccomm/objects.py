@@ -88,7 +88,8 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
     rooted = _call.rooted(group, op, src, group_src, "src", default=0)
     if rooted is None:
         return None
-    pg, root, at_root = rooted
+    pg, root = rooted
+    at_root = pg.rank() == root
     if not isinstance(object_list, list):
         raise pg.error(op, f"object_list must be a list, got {type(object_list).__name__}")
     data = _pickle(list(object_list)) if at_root else None
@@ -142,7 +143,8 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
     rooted = _call.rooted(group, op, dst, group_dst, "dst", default=0)
     if rooted is None:
         return None
-    pg, root, at_root = rooted
+    pg, root = rooted
+    at_root = pg.rank() == root
     if at_root:
         if object_gather_list is None:
             raise pg.error(op, "object_gather_list is required on the destination rank")
@@ -170,7 +172,8 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     rooted = _call.rooted(group, op, src, group_src, "src", default=0)
     if rooted is None:
         return None
-    pg, root, at_root = rooted
+    pg, root = rooted
+    at_root = pg.rank() == root
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise pg.error(op, "scatter_object_output_list must be a list with at least one entry")
     sizes = payload = None
