@@ -100,3 +100,22 @@ def members(world):
             ours.Free()
     finally:
         node.Free()
+
+
+@pytest.fixture
+def small_group(dist, members):
+    """A group of this node's ranks, made with shared memory on: the small channel at
+    its default sizes (skipped on a node of one rank, or without the C helper)."""
+    from helpers import environment
+    from hpccomm.backends.shm import small
+
+    if len(members) < 2:
+        pytest.skip("one rank on this node: no shared memory to share")
+    if not small.available():
+        pytest.skip("the C helper _small is not built (no C compiler at install) or "
+                    "HPCCOMM_SHM_SMALL=0")
+    with environment(HPCCOMM_SHM="1"):
+        group = dist.new_group(members, timeout=20)
+    assert group.cpu.small is not None, "a group of one node's ranks has no small channel"
+    yield group
+    dist.destroy_process_group(group)

@@ -20,23 +20,6 @@ from helpers import node_rank, node_size  # noqa: F401 (fixtures: rank and size 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 
-@pytest.fixture
-def small_group(dist, members):
-    """A group of this node's ranks with the small channel at its default sizes."""
-    from hpccomm.backends.shm import small
-
-    if len(members) < 2:
-        pytest.skip("one rank on this node: no shared memory to share")
-    if not small.available():
-        pytest.skip("the C helper _small is not built (no C compiler at install) or "
-                    "HPCCOMM_SHM_SMALL=0")
-    with environment(HPCCOMM_SHM="1"):
-        group = dist.new_group(members, timeout=20)
-    assert group.cpu.small is not None, "a group of one node's ranks has no small channel"
-    yield group
-    dist.destroy_process_group(group)
-
-
 def taken(group):
     """Operations started on the group's channel so far."""
     return group.cpu.small.kernel.started
