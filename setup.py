@@ -9,8 +9,10 @@ HELPERS = {"hpccomm.backends.mpi._direct": "hpccomm/backends/mpi/_direct.c",
            "hpccomm.backends.shm._pair": "hpccomm/backends/shm/_pair.c",
            "hpccomm.backends.shm._small": "hpccomm/backends/shm/_small.c"}
 
-#: headers beside a helper's source (the small channel's element kinds and reductions)
-HEADERS = {"hpccomm.backends.shm._small": ["hpccomm/backends/shm/_reduce.h"]}
+#: headers beside a helper's source (the small channel's element kinds and reductions,
+#: and how it describes an operation from Python's arguments)
+HEADERS = {"hpccomm.backends.shm._small": ["hpccomm/backends/shm/_reduce.h",
+                                           "hpccomm/backends/shm/_small_args.h"]}
 
 setup(ext_modules=[Extension(name, [source],
                              depends=["hpccomm/backends/_spin.h", *HEADERS.get(name, [])],
