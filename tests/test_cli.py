@@ -45,7 +45,7 @@ def _mpi_facts():
     if not _FACTS:
         code = ("import json; from mpi4py import MPI; print(json.dumps({'vendor': "
                 "MPI.get_vendor()[0], 'library': "
-                "MPI.Get_library_version().strip().splitlines()[0]}))")
+                "MPI.Get_library_version().replace(chr(0), '').strip().splitlines()[0]}))")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=60, env=_env())
         _FACTS.update(json.loads(done.stdout))

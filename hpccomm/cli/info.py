@@ -75,13 +75,15 @@ def mpi_section() -> Section:
     mpi_level.prepare()  # at the level hpccomm would start MPI at
     from mpi4py import MPI  # initializes MPI: only `hpccomm info` does this
 
+    from ..backends.mpi import plumbing
+
     levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
               MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
     vendor, version = MPI.get_vendor()
     section.update({
         "vendor": f"{vendor} {'.'.join(map(str, version))}",
         "standard": ".".join(map(str, MPI.Get_version())),
-        "library": MPI.Get_library_version().strip().splitlines()[0],
+        "library": plumbing.library_version(),
         "thread level": levels.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "CUDA-aware": _cuda_aware(MPI),
         "world": f"rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}",

@@ -32,7 +32,8 @@ def thread_level() -> int:
 
 
 def library_version() -> str:
-    return MPI.Get_library_version().strip().splitlines()[0]
+    """The first line of the MPI library's version, without the NUL Open MPI ends it with."""
+    return MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]
 
 
 def tag_upper_bound(comm: Any) -> int:
