@@ -112,9 +112,12 @@ def _explain(args: argparse.Namespace) -> int:
     import mpi4py
 
     mpi4py.rc.initialize = mpi4py.rc.finalize = False  # only the library's name is needed
+    from ..backends.mpi import placement
     from . import bench
 
-    print(bench.explain(args, args.nproc, crowded=args.nproc > (os.cpu_count() or 1)))
+    forced = placement.forced_crowding()  # HPCCOMM_OVERSUBSCRIBED, as in a job
+    crowded = forced if forced is not None else args.nproc > (os.cpu_count() or 1)
+    print(bench.explain(args, args.nproc, crowded))
     return 0
 
 

@@ -63,7 +63,7 @@ def path(op: str, nbytes: int, n: int, vendor: str, crowded: bool = False,
     what = "one rank's block" if per_rank else "the buffer"
     if 0 < counted <= limit:
         if code == base.ALL_REDUCE:
-            split = small.split_from(n)
+            split = small.split_from(n, crowded)
             if split and counted >= split:
                 return Path("channel, split",
                             f"{_size(counted)} <= the channel's {_size(limit)}; from "

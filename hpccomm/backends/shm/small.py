@@ -105,17 +105,23 @@ def limits(size: int, vendor: Optional[str] = None) -> Tuple[int, ...]:
 #: of a cache line through the node, a core reducing from its peers' slots).
 HANDOFF_S = 1e-6
 COMBINE_BYTES_PER_S = 8e9
+#: The hand-off where the node runs more ranks than it has CPUs: a rank may wait for a
+#: peer to be scheduled. Measured at 4 ranks on 2 cores (docs/performance.md): split
+#: against whole, 1.3x slower at 4 KiB, even at 16 KiB, 1.3x faster at 64 KiB.
+CROWDED_HANDOFF_S = 8e-6
 
 
-def split_from(size: int) -> int:
+def split_from(size: int, crowded: bool = False) -> int:
     """Bytes from which an all_reduce of ``size`` ranks is split (0: never), as the
-    model says or as ``HPCCOMM_SHM_SPLIT`` forces."""
+    model says for a node with a CPU per rank (or fewer: ``crowded``) or as
+    ``HPCCOMM_SHM_SPLIT`` forces."""
     forced = settings.SHM_SPLIT.get()
     if size <= 2:
         return 0
     if forced is not None:
         return forced
-    even = HANDOFF_S * COMBINE_BYTES_PER_S / (size - 2)  # the size where both cost alike
+    handoff = CROWDED_HANDOFF_S if crowded else HANDOFF_S
+    even = handoff * COMBINE_BYTES_PER_S / (size - 2)  # the size where both cost alike
     return max(64 * size, int(even) // 64 * 64)
 
 
@@ -136,8 +142,8 @@ def slot_bytes(size: int, sizes: Sequence[int]) -> int:
 class Channel:
     """The small-collective channel of one group on one node (collective to make)."""
 
-    def __init__(self, node: Any, rank: int, sizes: Sequence[int], yield_every: int,
-                 timeout: Optional[float]):
+    def __init__(self, node: Any, rank: int, sizes: Sequence[int], split: int,
+                 yield_every: int, timeout: Optional[float]):
         from .segment import Segment
 
         size = node.Get_size()
@@ -149,7 +155,7 @@ class Channel:
         self.node = node
         self.timeout = timeout
         #: Bytes from which an all_reduce is split among the ranks (0: never).
-        self.split_from = split_from(size)
+        self.split_from = split
         self.kernel = _small.Small(rank, size, SLOTS, self.slot_bytes,
                                    [region.ctypes.data for region in self.segment.regions],
                                    self.sizes, SLICE_S, yield_every, self.split_from)
@@ -225,11 +231,16 @@ def channel(node: Any, rank: int, yield_every: int, timeout: Optional[float],
     ok = node.allreduce(available(), op=MPI.LAND)
     if not ok:
         return None
-    sizes = node.bcast(capped(node.Get_size(), below) if node.Get_rank() == 0 else None)
+    from ..mpi import placement
+
+    crowded = placement.crowded(node)  # collective
+    sizes, split = node.bcast((capped(node.Get_size(), below),
+                               split_from(node.Get_size(), crowded))
+                              if node.Get_rank() == 0 else None)
     if not any(sizes[1:]):
         return None
     try:
-        return Channel(node, rank, sizes, yield_every, timeout)
+        return Channel(node, rank, sizes, split, yield_every, timeout)
     except OSError:  # every rank gets it (the segment checks with all of them)
         return None
 
