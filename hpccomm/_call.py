@@ -373,6 +373,36 @@ def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: in
     return True
 
 
+def transfer(pg: ProcessGroup, op: str, receive: bool, tensor: Any, peer: int, tag: int
+             ) -> bool:
+    """A blocking send (``receive`` false) or receive of ``tensor`` to or from group rank
+    ``peer`` in the backend's direct form
+    (:meth:`~hpccomm.backends.mpi.communicator.MPICommunicator.transfer_at`), the caller
+    having checked ``peer`` and ``tag``. ``True`` once done; ``False``, with nothing
+    started, where only the general path (:func:`launch`) applies: not a C-contiguous
+    NumPy array of a predefined dtype (writable, to receive), no direct form, observers
+    registered, or other operations that a wait must advance.
+    """
+    cpu = pg.cpu
+    if (type(tensor) is not np.ndarray or _observe.active
+            or _waits.while_waiting is not None):
+        return False
+    datatype = cpu.transfer_types.get(tensor.dtype)
+    if datatype is None:
+        return False
+    seq = pg.seq + 1
+    try:
+        running = cpu.transfer_at(receive, tensor, datatype, peer, tag, pg.timeout)
+    except Exception as exc:
+        raise _start_failed(pg, op, exc) from exc
+    if running is False:
+        return False
+    pg.seq = seq
+    if running is not None:  # still running after the spin: waited as any operation
+        _work(running, pg, op, seq, tensor, pg.ranks[peer], None, (), None, tensor).wait()
+    return True
+
+
 def small(pg: ProcessGroup, op: str, code: int, send: Any, recv: Any, redop: Any = 0,
           root: int = 0) -> bool:
     """A synchronous operation on the backend's small channel, whole in native code

@@ -40,6 +40,15 @@ def start_send(pg: ProcessGroup, tensor: Any, dst: Optional[int], tag: int,
     ``internal``: a reserved tag (:class:`~hpccomm.types.Tag`) of hpccomm's own messages."""
     _check_tag(pg, op, tag, internal)
     peer = peer_rank(pg, op, dst, group_dst, "dst", not async_op)
+    return _send_to(pg, tensor, peer, tag, op, async_op)
+
+
+def _send_to(pg: ProcessGroup, tensor: Any, peer: int, tag: int, op: str,
+             async_op: bool) -> Optional[Work]:
+    """:func:`start_send` once ``peer`` (a group rank) and ``tag`` are checked: a
+    blocking send in the backend's direct form where it takes it."""
+    if not async_op and _call.transfer(pg, op, False, tensor, peer, tag):
+        return None
     comm, arr = _call.array(pg, op, tensor, output=False)
     return _call.launch(pg, op, comm.send, (arr, peer, tag), arr, async_op, pg.ranks[peer])
 
@@ -50,13 +59,21 @@ def start_recv(pg: ProcessGroup, tensor: Any, src: Optional[int], tag: int,
     """Validate and start a receive on ``pg``: the Work if ``async_op``, else the
     sender's group rank; ``internal`` as for :func:`start_send`."""
     _check_tag(pg, op, tag, internal)
-    peer = None
     if src is not None or group_src is not None:
-        peer = peer_rank(pg, op, src, group_src, "src", not async_op)
+        return _recv_from(pg, tensor, peer_rank(pg, op, src, group_src, "src", not async_op),
+                          tag, op, async_op)
     comm, arr = _call.array(pg, op, tensor)
-    if peer is None:  # the backend's finishing step reports the sender
-        return _call.launch(pg, op, comm.recv, (arr, None, tag), arr, async_op,
-                            result=(tensor,))
+    # from any rank: the backend's finishing step reports the sender
+    return _call.launch(pg, op, comm.recv, (arr, None, tag), arr, async_op, result=(tensor,))
+
+
+def _recv_from(pg: ProcessGroup, tensor: Any, peer: int, tag: int, op: str,
+               async_op: bool) -> Any:
+    """:func:`start_recv` from a checked ``peer`` (a group rank) with a checked ``tag``:
+    a blocking receive in the backend's direct form where it takes it."""
+    if not async_op and _call.transfer(pg, op, True, tensor, peer, tag):
+        return peer
+    comm, arr = _call.array(pg, op, tensor)
     outcome = _call.launch(pg, op, comm.recv, (arr, peer, tag), arr, async_op, pg.ranks[peer],
                            result=(tensor,))
     if not async_op:
@@ -69,10 +86,16 @@ def start_recv(pg: ProcessGroup, tensor: Any, src: Optional[int], tag: int,
 def send(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: int = 0,
          group_dst: Optional[int] = None) -> None:
     """Send ``tensor`` to ``dst`` and wait until the send buffer may be reused."""
-    pg = _call.member(group, "send", dst, group_dst, "dst", required=True)
-    if pg is None:
+    # the group and peer in one call, the checks of start_send inline: the common case
+    # pays each Python call (tens of ns) on top of MPI's own latency
+    rooted = _call.rooted(group, "send", dst, group_dst, "dst", True)
+    if rooted is None:
         return None
-    start_send(pg, tensor, dst, tag, group_dst, "send", False)
+    pg, peer = rooted
+    if type(tag) is int and 0 <= tag <= MAX_USER_TAG and peer != pg.rank():
+        _send_to(pg, tensor, peer, tag, "send", False)
+    else:  # raises what is wrong
+        start_send(pg, tensor, dst, tag, group_dst, "send", False)
 
 
 def isend(tensor: Any, dst: Optional[int] = None, group: GroupLike = None, tag: int = 0,
@@ -90,6 +113,14 @@ def recv(tensor: Any, src: Optional[int] = None, group: GroupLike = None, tag: i
     global rank (also when ``group_src`` named it, as torch does); -1 on a rank outside
     ``group``.
     """
+    if src is not None or group_src is not None:  # as in send()
+        rooted = _call.rooted(group, "recv", src, group_src, "src")
+        if rooted is None:
+            return -1
+        pg, peer = rooted
+        if type(tag) is int and 0 <= tag <= MAX_USER_TAG and peer != pg.rank():
+            return pg.ranks[_recv_from(pg, tensor, peer, tag, "recv", False)]
+        return pg.ranks[start_recv(pg, tensor, src, tag, group_src, "recv", False)]
     pg = _call.member(group, "recv", src, group_src, "src")
     if pg is None:
         return -1

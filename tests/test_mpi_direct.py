@@ -1,5 +1,6 @@
-"""The direct form of a blocking in-place SUM all-reduce (the C helper ``_mpi_direct``):
-where it applies, its MPI errors, and the values it computes on NumPy buffers."""
+"""The direct forms of the C helper ``_mpi_direct``, a blocking in-place SUM all-reduce
+and a blocking send or receive: where they apply, their MPI errors, and the values they
+compute and move on NumPy buffers."""
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -176,4 +177,113 @@ def test_an_mpi_error_in_the_spin_fails_the_work(dist, rank, size, monkeypatch):
         assert isinstance(caught.value.__cause__, MPI.Exception)
         assert caught.value.__cause__.Get_error_code() == MPI.ERR_REQUEST
     dist.barrier()
+    dist.destroy_process_group(pg)
+
+
+# -- blocking send and receive ---------------------------------------------------------------
+
+def _counting_transfers(monkeypatch):
+    """Count the blocking sends and receives that the direct form took."""
+    from hpccomm import _call
+
+    taken = []
+    real = _call.transfer
+
+    def counted(*args):
+        done = real(*args)
+        taken.append(done)
+        return done
+    monkeypatch.setattr(_call, "transfer", counted)
+    return taken
+
+
+@pytest.mark.mpi(min_size=2)
+def test_blocking_send_and_recv_of_contiguous_arrays_are_direct(dist, rank, size, monkeypatch):
+    taken = _counting_transfers(monkeypatch)
+    if rank == 0:
+        dist.send(np.arange(6, dtype=np.float32), dst=1, tag=4)
+    elif rank == 1:
+        buf = np.zeros(6, np.float32)
+        assert dist.recv(buf, src=0, tag=4) == 0
+        np.testing.assert_array_equal(buf, np.arange(6))
+    assert taken == ([True] if rank < 2 else [])
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.complex128, np.int8,
+                                   np.uint16, np.int64, np.bool_])
+@pytest.mark.parametrize("layout", ["contiguous", "scalar", "empty", "fortran", "strided"])
+def test_sends_arrive_whole_whichever_form_takes_them(dist, rank, size, dtype, layout):
+    """The direct form takes C-contiguous arrays; the general path sends the others, in
+    logical order, and refuses to receive into them (as torch does)."""
+    full = (np.arange(24).reshape(4, 6) % 3).astype(dtype)
+    make = {"contiguous": lambda a: a, "scalar": lambda a: np.array(a[1, 1]),
+            "empty": lambda a: a[:0], "fortran": np.asfortranarray,
+            "strided": lambda a: a[:, ::2]}[layout]
+    sent = make(full)
+    if rank == 0:
+        dist.send(sent, dst=1)
+    elif rank == 1:
+        buf = np.zeros(sent.shape, dtype)
+        dist.recv(buf, src=0)
+        np.testing.assert_array_equal(buf, sent)
+        if not sent.flags.c_contiguous:
+            with pytest.raises(dist.DistValueError, match="C-contiguous"):
+                dist.recv(make(np.zeros_like(full)), src=0)
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_read_only_receive_buffer_is_refused_by_name(dist, rank, size):
+    if rank == 1:
+        buf = np.zeros(3)
+        buf.flags.writeable = False
+        with pytest.raises(dist.DistValueError, match="recv.*read-only"):
+            dist.recv(buf, src=0)
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_receive_still_running_after_the_spin_is_waited_for(dist, rank, size):
+    """A message sent after the C spin's slice arrives through the general wait."""
+    import time
+
+    if rank == 0:
+        time.sleep(3 * mpi_direct.SLICE_S)
+        dist.send(np.full(3, 7.0), dst=1, tag=9)
+    elif rank == 1:
+        buf = np.zeros(3)
+        t0 = time.monotonic()
+        dist.recv(buf, src=0, tag=9)
+        assert time.monotonic() - t0 >= 2 * mpi_direct.SLICE_S
+        np.testing.assert_array_equal(buf, np.full(3, 7.0))
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_receive_nobody_sends_times_out_naming_it(dist, rank, size):
+    pg = dist.new_group(list(range(size)), timeout=0.3)
+    if rank == 1:
+        with pytest.raises(dist.DistTimeoutError, match=r"recv.*timed out"):
+            dist.recv(np.zeros(2), src=0, group=pg, tag=11)
+    dist.barrier()
+    dist.destroy_process_group(pg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_mpi_error_of_a_direct_send_names_it(dist, rank, size):
+    from hpccomm.errors import DistBackendError
+
+    pg = dist.new_group(list(range(size)))
+    cpu = pg.cpu
+
+    def failing(*args):
+        raise RuntimeError(MPI.ERR_TAG)
+    real, cpu._direct_transfer = cpu._direct_transfer, failing
+    with pytest.raises(DistBackendError) as caught:
+        dist.send(np.ones(2), dst=(rank + 1) % size, group=pg)
+    assert f"send on rank {rank}/{size} of group '{pg.group_name}'" in str(caught.value)
+    assert caught.value.__cause__.Get_error_code() == MPI.ERR_TAG
+    cpu._direct_transfer = real
     dist.destroy_process_group(pg)

@@ -46,6 +46,9 @@ class Communicator(abc.ABC):
     direct_below = 0
     #: dtype -> MPI datatype handle, the dtypes that direct form takes.
     direct_types: Dict[Any, int] = {}
+    #: dtype -> MPI datatype handle, the dtypes a blocking send or receive may take in the
+    #: backend's direct form, ``transfer_at`` (the MPI backend's); empty: it has none.
+    transfer_types: Dict[Any, int] = {}
     #: The whole synchronous small operation in native code, where the backend has it
     #: (the shared-memory backend's small channel): ``small_run(code, send, recv,
     #: redop, root)`` returns 0 once done, -1 where it does not apply (the general path

@@ -1,5 +1,6 @@
-/* The direct form of a synchronous in-place all-reduce: MPI_Iallreduce, then MPI_Test
- * spun in C with the GIL released, for up to a short slice of time.
+/* The direct forms of a synchronous in-place all-reduce (MPI_Iallreduce) and of a
+ * blocking send or receive with a known peer (MPI_Isend, MPI_Irecv): the call, then
+ * MPI_Test spun in C with the GIL released, for up to a short slice of time.
  *
  * It exists for the per-call cost, not for bandwidth: the general path spends about
  * 2 us of Python per operation (views, options, a Work), which a torch process group's
@@ -29,8 +30,11 @@
 typedef int (*iallreduce_fn)(const void *, void *, int, uintptr_t, uintptr_t, uintptr_t,
                              void *);
 typedef int (*test_fn)(void *, int *, void *);
+/* MPI_Isend and MPI_Irecv: (buffer, count, datatype, peer, tag, comm, request) */
+typedef int (*transfer_fn)(void *, int, uintptr_t, int, int, uintptr_t, void *);
 
 static iallreduce_fn mpi_iallreduce;
+static transfer_fn mpi_isend, mpi_irecv;
 static test_fn mpi_test;
 static uintptr_t in_place;
 static int request_bytes; /* sizeof(MPI_Request) in the library loaded */
@@ -66,23 +70,28 @@ static PyObject *mpi_error(int code)
 
 static PyObject *bind(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
+    if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError,
-                        "bind(MPI_Iallreduce, MPI_Test, MPI_IN_PLACE, sizeof(MPI_Request))");
+                        "bind(MPI_Iallreduce, MPI_Test, MPI_IN_PLACE, sizeof(MPI_Request), "
+                        "MPI_Isend, MPI_Irecv)");
         return NULL;
     }
     uintptr_t iallreduce = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[0]);
     uintptr_t test = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[1]);
     uintptr_t place = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[2]);
     long bytes = PyLong_AsLong(args[3]);
+    uintptr_t isend = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[4]);
+    uintptr_t irecv = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    if (!iallreduce || !test || (bytes != 4 && bytes != 8)) {
+    if (!iallreduce || !test || !isend || !irecv || (bytes != 4 && bytes != 8)) {
         PyErr_SetString(PyExc_ValueError, "bind: null function or unknown MPI_Request size");
         return NULL;
     }
     mpi_iallreduce = (iallreduce_fn)iallreduce;
     mpi_test = (test_fn)test;
+    mpi_isend = (transfer_fn)isend;
+    mpi_irecv = (transfer_fn)irecv;
     in_place = place;
     request_bytes = (int)bytes;
     Py_RETURN_NONE;
@@ -187,6 +196,64 @@ static PyObject *spin_test(PyObject *Py_UNUSED(self), PyObject *const *args,
     return PyBool_FromLong(done);
 }
 
+/* transfer(receive, array, count, datatype, peer, tag, comm, slice, yield_every) ->
+ * None once done, the request (an int) if still running after `slice` seconds, or False,
+ * with nothing started, where `array` does not export a C-contiguous buffer (writable, to
+ * receive into): the caller then takes the general path. `receive` false sends `count`
+ * elements of `datatype` from the buffer to `peer`, true receives them from `peer`. The
+ * caller keeps `array` alive until a returned request completes. An MPI error raises
+ * RuntimeError(its error code), as sum_in_place does. */
+static PyObject *transfer(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "transfer(receive, array, count, datatype, peer, "
+                                         "tag, comm, slice, yield_every)");
+        return NULL;
+    }
+    if (!mpi_isend) {
+        PyErr_SetString(PyExc_RuntimeError, "transfer: bind() was not called");
+        return NULL;
+    }
+    int receive = PyObject_IsTrue(args[0]);
+    long long count = PyLong_AsLongLong(args[2]);
+    uintptr_t datatype = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[3]);
+    long peer = PyLong_AsLong(args[4]);
+    long tag = PyLong_AsLong(args[5]);
+    uintptr_t comm = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[6]);
+    double slice = PyFloat_AsDouble(args[7]);
+    long yield_every = PyLong_AsLong(args[8]);
+    if (receive < 0 || PyErr_Occurred())
+        return NULL;
+    if (count < 0 || count > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "transfer: count outside MPI's int range");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view,
+                           receive ? PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE : PyBUF_C_CONTIGUOUS)) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    unsigned char request[8] = {0};
+    unsigned char status[STATUS_BYTES];
+    int done = 0, code;
+    code = (receive ? mpi_irecv : mpi_isend)(view.buf, (int)count, datatype, (int)peer,
+                                             (int)tag, comm, request);
+    PyBuffer_Release(&view); /* the caller keeps the array, and so its memory, alive */
+    if (code == 0)
+        code = mpi_test(request, &done, status);
+    if (code == 0 && !done) {
+        Py_BEGIN_ALLOW_THREADS
+        code = spin(request, slice, yield_every, &done);
+        Py_END_ALLOW_THREADS
+    }
+    if (code != 0)
+        return mpi_error(code);
+    if (done)
+        Py_RETURN_NONE;
+    return request_object(request);
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(iallreduce, test, in_place, request_bytes): the MPI library to call."},
@@ -195,13 +262,16 @@ static PyMethodDef methods[] = {
      "request."},
     {"spin_test", (PyCFunction)(void (*)(void))spin_test, METH_FASTCALL,
      "spin_test(address, slice, yield_every) -> whether the request completed."},
+    {"transfer", (PyCFunction)(void (*)(void))transfer, METH_FASTCALL,
+     "transfer(receive, array, count, datatype, peer, tag, comm, slice, yield_every) -> "
+     "None, a request, or False (not taken)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "_direct",
-    .m_doc = "A synchronous in-place all-reduce started and spun in C (see mpi_direct.py).",
+    .m_doc = "Synchronous all-reduces, sends and receives started and spun in C (see direct.py).",
     .m_size = -1,
     .m_methods = methods,
 };

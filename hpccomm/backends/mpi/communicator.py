@@ -59,6 +59,7 @@ _INT_MAX = 2 ** 31 - 1
 _DIRECT_SUM = mpi_direct.handle(MPI.SUM)
 _DIRECT_SLICE = mpi_direct.SLICE_S
 _DIRECT_TYPES: Optional[Dict[Any, int]] = None
+_TRANSFER_TYPES: Optional[Dict[Any, int]] = None
 _Request = MPI.Request
 _addressof = MPI._addressof
 _spin_test = mpi_direct.spin_function()
@@ -167,6 +168,17 @@ def direct_sum_types() -> Dict[Any, int]:
     return _DIRECT_TYPES
 
 
+def direct_transfer_types() -> Dict[Any, int]:
+    """dtype -> MPI datatype handle for :meth:`MPICommunicator.transfer_at`: the
+    predefined dtypes, each as the general path sends it (an empty dict where the
+    direct form is unavailable)."""
+    global _TRANSFER_TYPES
+    if _TRANSFER_TYPES is None:
+        _TRANSFER_TYPES = (mpi_direct.transfer_types(dict(_PREDEFINED))
+                           if mpi_direct.available() else {})
+    return _TRANSFER_TYPES
+
+
 def _start(finish: Optional[Callable[[], Any]], call: Callable[..., Any], *args: Any
            ) -> Started:
     """Start the nonblocking MPI call ``call(*args)``: ``(its request's Test, finish, args)``.
@@ -225,6 +237,8 @@ class MPICommunicator(Communicator):
                              if self.direct_types else 0)
         self._handle = mpi_direct.handle(comm)
         self._direct_sum = mpi_direct.function()
+        self.transfer_types = direct_transfer_types()
+        self._direct_transfer = mpi_direct.transfer_function()
         self._any_source = AnySourceQueue(comm)
 
     def _collective(self, nbytes: int, finish: Optional[Callable[[], Any]],
@@ -264,6 +278,25 @@ class MPICommunicator(Communicator):
             raise mpi_direct.error(exc) from None
         if running is None:
             return None
+        return MPI.Request.fromhandle(running).Test, None, None
+
+    def transfer_at(self, receive: bool, array: np.ndarray, datatype: int, peer: int,
+                    tag: int, limit: Optional[float]) -> Any:
+        """The direct form (:mod:`.mpi_direct`) of a blocking send (``receive`` false)
+        or receive of the C-contiguous NumPy ``array`` (its dtype's handle from
+        :func:`direct_transfer_types`) to or from group rank ``peer``, for a caller that
+        waits at once and keeps ``array`` alive: ``None`` once done, ``False`` with
+        nothing started where ``array``'s buffer does not fit (the general path then
+        applies), else the ``(test, finish, keep)`` of the transfer still running after
+        spinning :data:`~.mpi_direct.SLICE_S` (or ``limit`` seconds, if shorter)."""
+        slice_s = _DIRECT_SLICE if limit is None else min(_DIRECT_SLICE, limit)
+        try:
+            running = self._direct_transfer(receive, array, array.size, datatype, peer, tag,
+                                            self._handle, slice_s, _work.spin_yield_every())
+        except RuntimeError as exc:
+            raise mpi_direct.error(exc) from None
+        if running is None or running is False:
+            return running
         return MPI.Request.fromhandle(running).Test, None, None
 
     def broadcast(self, buf: np.ndarray, root: int) -> Started:

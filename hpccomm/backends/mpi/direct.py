@@ -1,5 +1,6 @@
-"""The C helper ``_direct`` (``_direct.c``): the direct form of a synchronous in-place SUM
-all-reduce, and a native spin on any mpi4py request (:func:`spin_function`).
+"""The C helper ``_direct`` (``_direct.c``): the direct forms of a synchronous in-place SUM
+all-reduce and of a blocking send or receive with a known peer, and a native spin on any
+mpi4py request (:func:`spin_function`).
 
 A group's hottest call, a blocking all-reduce of a contiguous CPU tensor, costs about
 2 us of Python on the general path before MPI even starts, which a torch process group
@@ -7,7 +8,12 @@ pays on top of torch's own wrapper. The direct form takes a buffer address, an e
 count and MPI handles resolved once, starts ``MPI_Iallreduce`` and spins ``MPI_Test``
 in C with the GIL released.
 
-It is a fast start, not a second wait: after :data:`SLICE_S` an operation still running
+A blocking send or receive pays the same kind of cost (peer and tag checks, views, the
+buffer spec mpi4py parses, a Python loop of tests): the direct form takes the array
+itself (its buffer read through the buffer protocol in C), the element count, the
+datatype handle and the peer, starts ``MPI_Isend`` or ``MPI_Irecv`` and spins alike.
+
+Each is a fast start, not a second wait: after :data:`SLICE_S` an operation still running
 comes back as an mpi4py request, which the caller waits for the general way (deadline,
 timeout errors, signals, the progress of other operations).
 
@@ -56,9 +62,9 @@ def available() -> bool:
 
 
 def _library_entry_points() -> tuple:
-    """``(MPI_Iallreduce, MPI_Test, MPI_IN_PLACE, sizeof(MPI_Request))`` of the MPI
-    library mpi4py loaded (looked up through mpi4py's own extension, whatever the
-    library's file is called)."""
+    """``(MPI_Iallreduce, MPI_Test, MPI_IN_PLACE, sizeof(MPI_Request), MPI_Isend,
+    MPI_Irecv)`` of the MPI library mpi4py loaded (looked up through mpi4py's own
+    extension, whatever the library's file is called)."""
     import ctypes
 
     library = ctypes.CDLL(MPI.__file__)
@@ -67,7 +73,7 @@ def _library_entry_points() -> tuple:
         return ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0
     in_place = int(MPI.IN_PLACE) & _WORD  # mpi4py gives the constant's value as an int
     return (address("MPI_Iallreduce"), address("MPI_Test"), in_place,
-            MPI._sizeof(MPI.Request))
+            MPI._sizeof(MPI.Request), address("MPI_Isend"), address("MPI_Irecv"))
 
 
 _WORD = 0xFFFFFFFFFFFFFFFF
@@ -94,6 +100,21 @@ def function() -> Any:
     an MPI error raises ``RuntimeError(code)`` (see :func:`error`). ``None`` when the
     direct form is unavailable."""
     return _helper.sum_in_place if available() else None
+
+
+def transfer_types(types: Dict[np.dtype, Any]) -> Dict[np.dtype, int]:
+    """dtype -> MPI datatype handle, from ``types`` (dtype -> the MPI datatype the general
+    path sends it as), for :func:`transfer_function`."""
+    return {dtype: handle(mpitype) for dtype, mpitype in types.items()}
+
+
+def transfer_function() -> Any:
+    """The C helper's ``transfer(receive, array, count, datatype, peer, tag, comm, slice,
+    yield_every)``: ``None`` once the send (``receive`` false) or receive is done, else
+    the running request's handle (an int), or ``False``, with nothing started, where the
+    array exports no C-contiguous buffer (a writable one, to receive into); an MPI error
+    raises ``RuntimeError(code)``. ``None`` when the helper is unavailable."""
+    return _helper.transfer if available() else None
 
 
 def spin_function() -> Any:
