@@ -41,12 +41,7 @@ def expected_threshold(ranks, crowded):
     """all_reduce's shared-memory threshold for a node of ``ranks`` ranks."""
     from hpccomm.backends.shm import communicator as shm, pair
 
-    thresholds = dict(shm.DEFAULT_MIN_BYTES)
-    if crowded:
-        thresholds.update(shm.CROWDED_MIN_BYTES)
-    elif ranks == 2 and pair.available():
-        thresholds.update(shm.KERNEL_MIN_BYTES)
-    return thresholds["all_reduce"]
+    return shm.ring_thresholds(ranks, crowded, pair.available())["all_reduce"]
 
 
 @pytest.mark.skipif(CPUS < 2, reason="needs 2 CPUs to bind 2 ranks one per core")

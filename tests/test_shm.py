@@ -153,11 +153,8 @@ def test_default_thresholds_keep_small_messages_and_broadcast_on_mpi(dist, size)
     if not isinstance(cpu, shm.SharedMemoryCommunicator) or os.environ.get(
             "HPCCOMM_SHM_MIN_BYTES"):
         pytest.skip("the default group does not use the default thresholds here")
-    defaults = dict(shm.DEFAULT_MIN_BYTES)
-    if placement.crowded(dist.group.WORLD.comm):
-        defaults.update(shm.CROWDED_MIN_BYTES)
-    elif size == 2 and pair.available():
-        defaults.update(shm.KERNEL_MIN_BYTES)
+    defaults = shm.ring_thresholds(size, placement.crowded(dist.group.WORLD.comm),
+                                   pair.available())
     assert (cpu.min_reduce, cpu.min_scatter, cpu.min_gather, cpu.min_bcast) == tuple(
         defaults[op] for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"))
     before = cpu.ops
@@ -165,6 +162,11 @@ def test_default_thresholds_keep_small_messages_and_broadcast_on_mpi(dist, size)
     dist.all_reduce(small)
     dist.broadcast(np.ones(1 << 20), src=0)  # broadcast: MPI at any size
     assert cpu.ops == before and (small == size).all()
+    if cpu.pieces_to:  # from 3 ranks: the channel in pieces up to the ring's 128 MiB
+        mid = np.ones(1 << 17)
+        dist.all_reduce(mid)
+        assert cpu.ops == before and (mid == size).all()
+        return
     big = np.ones(cpu.min_reduce // 8 + 1)
     dist.all_reduce(big)
     assert cpu.ops == before + 1 and (big == size).all()

@@ -27,19 +27,27 @@ def taken(group):
 
 def test_small_operations_take_the_channel_and_larger_ones_do_not(dist, small_group, rank,
                                                                   size):
-    from hpccomm.backends.base import ALL_REDUCE
+    """One element over the channel's size: two pieces on the channel where it goes in
+    pieces (3 ranks on, and the channel to a whole slot), MPI (or the ring) elsewhere; the
+    broadcast of that many bytes stays off the channel."""
+    from hpccomm.backends.base import ALL_REDUCE, BROADCAST
 
-    limit = small_group.cpu.small.sizes[ALL_REDUCE]
+    sizes = small_group.cpu.small.sizes
+    limit = sizes[ALL_REDUCE]
     before = taken(small_group)
     x = np.full(limit // 8, float(rank + 1))
     dist.all_reduce(x, group=small_group)
     assert taken(small_group) == before + 1
     assert (x == size * (size + 1) / 2).all()
     y = np.full(limit // 8 + 1, 1.0)
-    dist.all_reduce(y, group=small_group)  # one element over: MPI (or the ring)
-    assert taken(small_group) == before + 1 and (y == size).all()
+    dist.all_reduce(y, group=small_group)
+    pieces = 2 if small_group.cpu.pieces_to else 0
+    assert taken(small_group) == before + 1 + pieces and (y == size).all()
+    b = np.full(sizes[BROADCAST] // 8 + 1, float(rank))
+    dist.broadcast(b, group_src=0, group=small_group)
+    assert taken(small_group) == before + 1 + pieces and (b == 0).all()
     dist.barrier(group=small_group)
-    assert taken(small_group) == before + 2
+    assert taken(small_group) == before + 2 + pieces
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync (whole in C)", "async"])

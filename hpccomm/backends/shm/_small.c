@@ -61,7 +61,8 @@ static const char *OP_NAMES[N_OPS] = {"barrier", "all_reduce", "broadcast", "all
 #define REDUCED_AT 192 /* split all_reduce: the last operation whose part is reduced */
 #define HEADERS_AT 256
 #define HEADER_BYTES 64
-#define QUEUE 64 /* operations started and not finished, per communicator */
+#define QUEUE 1024 /* operations started and not finished, per communicator: an all_reduce
+                    * of up to 128 MiB in 256 KiB pieces, and others */
 /* Spins this long with the GIL held before releasing it: a small operation whose peers
  * are already there is over before that, and pays no GIL hand-over. */
 #define HELD_SPIN_S 20e-6

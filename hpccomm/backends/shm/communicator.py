@@ -69,6 +69,16 @@ DEFAULT_MIN_BYTES = {"all_reduce": 8 * 1024 * 1024, "reduce_scatter": 256 * 1024
                      "all_gather": NEVER, "broadcast": NEVER}
 #: The defaults that differ when the node runs more ranks than it has CPUs.
 CROWDED_MIN_BYTES = {"reduce_scatter": 8 * 1024 * 1024}
+#: The defaults that differ from 3 ranks on, each with a CPU. The ring's reduce_scatter
+#: takes n - 1 hand-offs per slot, so its fixed cost grows with n: at 8 and 16 ranks
+#: (one 16-core node, MPICH) it ran 0.63x MPI at 1 MiB and 0.87x at 8 MiB, and
+#: 1.27-1.40x at 64 MiB.
+MANY_RANKS_MIN_BYTES = {"reduce_scatter": 16 * 1024 * 1024}
+#: From 3 ranks on, crowded or not, all_reduce goes through the small channel in pieces
+#: (:meth:`SharedMemoryCommunicator._small_pieces`) up to here, the ring from here: 16
+#: ranks with a core each, pieces 6.1 ms at 8 MiB and 52 ms at 64 MiB, the ring 8.9 and
+#: 78; 4 ranks on 2 cores, 1.8 and 7.1 ms at 8 and 32 MiB, the ring 3.8 and 12.2.
+PIECES_TO = 128 * 1024 * 1024
 #: The defaults that differ at two ranks, each with a CPU, where the C kernel runs sums
 #: (:mod:`.shm_pair`): all_reduce through shared memory from 256 KiB, where the NumPy
 #: path measured 1.08x mpi4py at 256 KiB, 1.15-1.25x at 512 KiB-2 MiB and 1.07x at
@@ -114,11 +124,8 @@ def cpu_communicator(comm: Any, timeout: Optional[float] = None) -> MPICommunica
     if node.allreduce(fits, op=MPI.LAND):
         kernel = node.allreduce(shm_pair.available(), op=MPI.LAND)  # used by all or none
         forced = settings.SHM_MIN_BYTES.get()
-        defaults = dict(DEFAULT_MIN_BYTES)
-        if placement.crowded(node):  # the node's CPUs together, not this rank's mask
-            defaults.update(CROWDED_MIN_BYTES)
-        elif kernel and node.Get_size() == 2:
-            defaults.update(KERNEL_MIN_BYTES)
+        # the node's CPUs together, not this rank's mask
+        defaults = ring_thresholds(node.Get_size(), placement.crowded(node), kernel)
         thresholds = {op: forced or default for op, default in defaults.items()}
         piece, min_bytes = node.bcast((piece, thresholds))
         try:
@@ -162,6 +169,22 @@ def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunic
     return shm_hier.HierarchicalCommunicator(comm, timeout, local, cross, min_bytes)
 
 
+def ring_thresholds(n: int, crowded: bool, kernel: bool) -> Dict[str, int]:
+    """The shared-memory ring's smallest size per operation for ``n`` ranks on a node
+    with fewer CPUs than ranks (``crowded``) or not, with the two-rank C kernel
+    (``kernel``) or not."""
+    found = dict(DEFAULT_MIN_BYTES)
+    if n >= 3:
+        found["all_reduce"] = PIECES_TO
+    if crowded:
+        found.update(CROWDED_MIN_BYTES)
+    elif kernel and n == 2:
+        found.update(KERNEL_MIN_BYTES)
+    elif n >= 3:
+        found.update(MANY_RANKS_MIN_BYTES)
+    return found
+
+
 def channel_caps(min_bytes: Dict[str, int], size: int) -> Dict[int, int]:
     """Operation code -> the largest size the small channel may take below the ring's
     thresholds ``min_bytes`` (sizes as the channel counts them), at ``size`` ranks."""
@@ -198,6 +221,11 @@ class SharedMemoryCommunicator(MPICommunicator):
                       if small else None)
         self.small_run = self.small.run if self.small is not None else None
         self._small_sizes = self.small.sizes if self.small is not None else (0,) * 6
+        #: An all_reduce above the channel's size and below this goes through the channel
+        #: in pieces of its size (:meth:`_small_pieces`): from 3 ranks on, the ring's
+        #: threshold where the channel takes all_reduce up to a whole slot, else 0.
+        self.pieces_to = (self.min_reduce if self.small is not None and shm_small.in_pieces(
+            self.size, self._small_sizes[ALL_REDUCE]) else 0)
         self.piece_bytes = piece_bytes
         self.slot_bytes = piece_bytes * self.size
         self.slots = SLOTS
@@ -340,6 +368,34 @@ class SharedMemoryCommunicator(MPICommunicator):
             return None
         return self._pending_small(self.small.start(code, send, recv, redop, root))
 
+    def _small_pieces(self, flat: np.ndarray, kind: RedOpType) -> Optional[Started]:
+        """An all_reduce of the 1-D ``flat``, too large for the channel, as consecutive
+        channel operations of at most its size, or ``None`` where the channel does not
+        take the dtype or operation (every piece alike: the ranks agree).
+
+        The channel runs up to ``SLOTS`` of them at once, so one piece is copied in while
+        the ranks reduce the one before; each is split among the ranks, so a rank reads
+        about 3 S whatever n, where MPI's own algorithms move log2(n) or 2 (n-1)/n
+        copies with a hand-off per step (16 ranks, 1 MiB: MPICH 950 us).
+        """
+        step = max(1, self._small_sizes[ALL_REDUCE] // flat.itemsize)
+        tests = []
+        for start in range(0, flat.size, step):
+            piece = flat[start:start + step]
+            started = self.small.start(ALL_REDUCE, piece, piece, kind, 0)
+            if started is None:  # only the first can be refused: the rest are alike
+                return None
+            tests.append(started[0])
+        left = [0]
+
+        def test() -> bool:
+            i = left[0]
+            while i < len(tests) and tests[i]():
+                i += 1
+            left[0] = i
+            return i == len(tests)
+        return self._pending_small((test, None, flat))
+
     def _pending_small(self, started: Optional[Started]) -> Optional[Started]:
         """``started``, an operation on the small channel, advanced by every wait of the
         process while it is pending (its peers may need this rank's reads while it waits
@@ -363,6 +419,10 @@ class SharedMemoryCommunicator(MPICommunicator):
             if started is not None:
                 return started
         if buf.nbytes < self.min_reduce:
+            if factor is None and buf.nbytes < self.pieces_to:
+                started = self._small_pieces(buf.reshape(-1), kind)
+                if started is not None:
+                    return started
             return MPICommunicator.all_reduce(self, buf, kind, factor)
         flat = buf.reshape(-1)
         reducer = self._reducer(buf.dtype, kind, factor)
@@ -394,6 +454,10 @@ class SharedMemoryCommunicator(MPICommunicator):
             if started is not None:
                 return started
         if nbytes < self.min_reduce:
+            if nbytes < self.pieces_to:  # as all_reduce takes it: the ranks must agree
+                started = self._small_pieces(_at(address, nbytes, dtype), RedOpType.SUM)
+                if started is not None:
+                    return started
             if nbytes < self.mpi_direct_below:
                 return MPICommunicator.sum_in_place_at(self, address, count, datatype, limit)
             return MPICommunicator.all_reduce(self, _at(address, nbytes, dtype),  # gated

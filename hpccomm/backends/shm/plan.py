@@ -9,12 +9,11 @@ reduce_scatter, the whole per-rank buffer of all_to_all.
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Sequence, Tuple
+from typing import NamedTuple, Sequence, Tuple
 
 from .. import base
 from . import small
-from .communicator import (CROWDED_MIN_BYTES, DEFAULT_MIN_BYTES, KERNEL_MIN_BYTES, NEVER,
-                           channel_caps)
+from .communicator import NEVER, channel_caps, ring_thresholds
 
 #: nccl-tests' operation names -> the channel's code and the ring's threshold name.
 OPERATIONS = {
@@ -37,15 +36,6 @@ def _size(nbytes: int) -> str:
             return f"{nbytes // scale} {unit}"
     return f"{nbytes} B"
 
-
-def ring_thresholds(n: int, crowded: bool, kernel: bool) -> Dict[str, int]:
-    """The shared-memory ring's smallest size per operation for ``n`` ranks."""
-    found = dict(DEFAULT_MIN_BYTES)
-    if crowded:
-        found.update(CROWDED_MIN_BYTES)
-    elif kernel and n == 2:
-        found.update(KERNEL_MIN_BYTES)
-    return found
 
 
 def path(op: str, nbytes: int, n: int, vendor: str, crowded: bool = False,
@@ -81,6 +71,13 @@ def path(op: str, nbytes: int, n: int, vendor: str, crowded: bool = False,
             else "shared-memory ring"
         return Path(name, f"{_size(nbytes)} >= the ring's {_size(ring)}"
                           f"{' (crowded node)' if crowded else ''}")
+    if code == base.ALL_REDUCE and small.in_pieces(n, limit) and nbytes < ring:
+        split = small.split_from(n, crowded)
+        each = "each split" if split and limit >= split else "each whole"
+        return Path("channel, in pieces",
+                    f"{_size(nbytes)} between the channel's {_size(limit)} and the ring's "
+                    f"{_size(ring)}: pieces of {_size(limit)}, up to {small.SLOTS} at once, "
+                    f"{each}")
     above = f"above the channel's {_size(limit)}" if limit else "no channel"
     below = f"below the ring's {_size(ring)}" if ring < NEVER else "MPI's own is as fast"
     return Path("MPI", f"{above}; {below}")

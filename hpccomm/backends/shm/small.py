@@ -60,6 +60,13 @@ DEFAULT_LIMITS = {
 DEFAULT_LIMITS["other"] = DEFAULT_LIMITS["intel"]
 #: Bytes of one rank's slots together at most, whatever the group's size.
 BUDGET = 1 << 20
+#: The limits that differ from 3 ranks on. The channel's broadcast costs every rank two
+#: copies of the buffer (the root's in, each reader's out) whatever the group's size,
+#: while MPI's takes at least log2(n) copies one after another (a tree, or a scatter
+#: then an all-gather): at 2 ranks MPICH's single-copy transfer wins from 32 KiB, from 3
+#: ranks on the channel is ahead up to its slot (16 ranks, MPICH, 128 KiB: MPI 109 us).
+MANY_RANKS_LIMITS = {"mpich": {BROADCAST: BUDGET // SLOTS},
+                     "openmpi": {BROADCAST: BUDGET // SLOTS}}
 #: Longest spin of a synchronous call in C before it joins the general wait.
 SLICE_S = 0.002
 #: A tag nothing is sent with: probing it only runs MPI's progress engine.
@@ -85,7 +92,10 @@ def limits(size: int, vendor: Optional[str] = None) -> Tuple[int, ...]:
     from ..mpi import gate
 
     forced = settings.SHM_SMALL.get()
-    table = DEFAULT_LIMITS[gate.family(vendor or MPI.get_vendor()[0])]
+    family = gate.family(vendor or MPI.get_vendor()[0])
+    table = dict(DEFAULT_LIMITS[family])
+    if size >= 3:
+        table.update(MANY_RANKS_LIMITS.get(family, {}))
     chosen = {code: forced or table.get(code, 1) for code in range(6)}
     per_rank = BUDGET // SLOTS  # what one slot may hold
     out = []
@@ -109,6 +119,14 @@ COMBINE_BYTES_PER_S = 8e9
 #: peer to be scheduled. Measured at 4 ranks on 2 cores (docs/performance.md): split
 #: against whole, 1.3x slower at 4 KiB, even at 16 KiB, 1.3x faster at 64 KiB.
 CROWDED_HANDOFF_S = 8e-6
+
+
+def in_pieces(size: int, limit: int) -> bool:
+    """Whether an all_reduce above the channel's ``limit`` (its all_reduce size for
+    ``size`` ranks) goes through it in pieces of that size: from 3 ranks on, where the
+    channel takes all_reduce up to a whole slot, i.e. where the library's own all_reduce
+    did not overtake it below (Intel MPI's does from a few KiB)."""
+    return size >= 3 and limit >= BUDGET // SLOTS
 
 
 def split_from(size: int, crowded: bool = False) -> int:
