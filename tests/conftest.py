@@ -6,7 +6,6 @@ The session timeout is short (60 s) so that a broken test raises instead of hang
 and once a test has timed out the tests after it fail at once instead of each waiting
 for the broken group in turn.
 """
-import math
 import os
 
 import pytest
@@ -72,12 +71,14 @@ def size(dist):
 @pytest.fixture
 def mesh_shape(size):
     """``mesh_shape(ndim)``: the world's ranks as ``ndim`` mesh dimensions, factors of 2
-    dealt from the first: 3 dimensions are (2, 2, 2) at 8 ranks, (2, 2, 1) at 4."""
+    dealt from the first, any odd rest to the first: 3 dimensions are (2, 2, 2) at 8
+    ranks, (2, 2, 1) at 4, (3, 1, 1) at 3."""
     def shape(ndim):
-        dims = [1] * ndim
-        for i in range(size.bit_length() - 1):
+        dims, rest, i = [1] * ndim, size, 0
+        while rest % 2 == 0:
             dims[i % ndim] *= 2
-        dims[0] *= size // math.prod(dims)
+            rest, i = rest // 2, i + 1
+        dims[0] *= rest
         return tuple(dims)
     return shape
 
