@@ -42,6 +42,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pytest
 
+from hpccomm.testing.parallel import session_processes
 from launcher_env import find_mpiexec, without_launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,22 +132,11 @@ class RunningJob:
         its session (its ranks, which may sit in process groups of their own: Open
         MPI's do). ``None`` where there is no ``/proc`` to read them from."""
         leader = self.process.pid
-        # Only while the launcher is not reaped is its pid certainly still its own.
-        found = [leader] if self.process.returncode is None else []
-        try:
-            entries = os.listdir("/proc")
-        except OSError:
+        members = session_processes(leader)
+        if members is None:
             return None
-        for entry in entries:
-            if entry.isdigit() and int(entry) != leader:
-                try:
-                    with open(f"/proc/{entry}/stat") as handle:
-                        fields = handle.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue  # gone meanwhile
-                if int(fields[3]) == leader and fields[0] != "Z":  # state ppid pgrp session
-                    found.append(int(entry))
-        return found
+        # Only while the launcher is not reaped is its pid certainly still its own.
+        return ([leader] if self.process.returncode is None else []) + members
 
     def kill(self) -> None:
         """SIGKILL every process of the job: the launcher and its ranks."""

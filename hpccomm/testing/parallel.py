@@ -201,23 +201,31 @@ def _wait_job(process: "subprocess.Popen[bytes]", results: str, count: int,
     return f"was killed after {limit:.0f} s (its tests' timeouts and a margin)", False
 
 
-def _kill_session(sid: int) -> None:
-    """SIGKILL every process of session ``sid``: a launcher started with
-    ``start_new_session`` and its ranks, which may sit in process groups of their own
-    (Open MPI's do)."""
-    pids = [sid]
+def session_processes(sid: int) -> Optional[List[int]]:
+    """The live processes of session ``sid`` other than its leader: a launcher started
+    with ``start_new_session`` has its ranks there, which may sit in process groups of
+    their own (Open MPI's do). ``None`` where there is no ``/proc`` to read them from."""
     try:
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != sid:
-                try:
-                    with open(f"/proc/{entry}/stat") as handle:
-                        fields = handle.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue  # gone meanwhile
-                if int(fields[3]) == sid:  # pid (comm) state ppid pgrp session
-                    pids.append(int(entry))
-    except OSError:  # no /proc: the launcher's own group
-        pids = [-sid]
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    found = []
+    for entry in entries:
+        if entry.isdigit() and int(entry) != sid:
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            if int(fields[3]) == sid and fields[0] != "Z":  # state ppid pgrp session
+                found.append(int(entry))
+    return found
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid``, its leader included."""
+    members = session_processes(sid)
+    pids = [-sid] if members is None else [sid] + members  # no /proc: the leader's group
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
