@@ -260,3 +260,54 @@ def test_a_checked_broadcast_takes_the_channel_from_a_read_only_root(dist, small
     box = [{"from": 0, "data": list(range(50))}] if rank == 0 else [None]
     dist.broadcast_object_list(box, group_src=0, group=small_group)
     assert box[0] == {"from": 0, "data": list(range(50))}
+
+
+# -- all_reduce in pieces (3 ranks on) -----------------------------------------------------------
+def _pieced(group):
+    """Skip where the group's channel does not take large all_reduces in pieces."""
+    if not group.cpu.pieces_to:
+        pytest.skip(f"no all_reduce in pieces at {group.size()} ranks with this library "
+                    f"(from 3 ranks, where the channel takes a whole slot)")
+    from hpccomm.backends.base import ALL_REDUCE
+    return group.cpu.small.sizes[ALL_REDUCE]
+
+
+def test_async_pieces_and_other_operations_keep_one_order(dist, small_group, rank, size):
+    """Several async all_reduces in pieces, a broadcast and small sums between them, waited
+    for in reverse order: every rank starts the same channel operations in the same order,
+    so all complete with the reference values."""
+    limit = _pieced(small_group)
+    count = 3 * limit // 8 + 5  # three pieces and a short one
+    arrays = [np.full(count, float(rank + i)) for i in range(3)]
+    small = [np.full(4, rank, np.int64) for _ in range(3)]
+    b = np.full(count, float(rank))
+    works = []
+    for i in range(3):
+        works.append(dist.all_reduce(arrays[i], group=small_group, async_op=True))
+        works.append(dist.all_reduce(small[i], group=small_group, async_op=True))
+    works.append(dist.broadcast(b, group_src=size - 1, group=small_group, async_op=True))
+    for work in reversed(works):
+        work.wait()
+    total = size * (size - 1) / 2
+    for i in range(3):
+        assert (arrays[i] == total + size * i).all()
+        assert (small[i] == total).all()
+    assert (b == size - 1).all()
+
+
+def test_every_form_of_a_sum_takes_the_pieces(dist, small_group, rank, size):
+    """The direct form (a torch tensor's synchronous sum) and the general call of NumPy
+    take the same path: ranks using either one at once meet in the same pieces."""
+    from hpccomm import _call
+
+    limit = _pieced(small_group)
+    x = np.full(2 * limit // 8 + 3, float(rank + 1))
+    before = taken(small_group)
+    direct = rank % 2 and _call.sum_in_place(  # as hpccomm.torch calls it, falling back
+        small_group, "all_reduce", x.ctypes.data, x.size, x.nbytes,
+        small_group.cpu.direct_types[x.dtype], None, x, x)
+    if not direct:  # even ranks; odd ones where the direct form declines (a gated size)
+        dist.all_reduce(x, group=small_group)
+    assert (x == size * (size + 1) / 2).all()
+    assert taken(small_group) == before + 3
+
