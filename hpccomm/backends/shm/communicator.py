@@ -169,12 +169,16 @@ def _across_nodes(comm: Any, timeout: Optional[float], node: Any) -> MPICommunic
     return shm_hier.HierarchicalCommunicator(comm, timeout, local, cross, min_bytes)
 
 
-def ring_thresholds(n: int, crowded: bool, kernel: bool) -> Dict[str, int]:
+def ring_thresholds(n: int, crowded: bool, kernel: bool, vendor: Optional[str] = None
+                    ) -> Dict[str, int]:
     """The shared-memory ring's smallest size per operation for ``n`` ranks on a node
     with fewer CPUs than ranks (``crowded``) or not, with the two-rank C kernel
-    (``kernel``) or not."""
+    (``kernel``) or not, beside the MPI library ``vendor`` (``MPI.get_vendor()[0]``;
+    default: the one loaded), whose own speed sets the small channel's sizes and so
+    whether all_reduce goes in pieces below the ring (:func:`.small.in_pieces`)."""
     found = dict(DEFAULT_MIN_BYTES)
-    if n >= 3:
+    if n >= 3 and shm_small.available() and shm_small.in_pieces(
+            n, shm_small.limits(n, vendor)[ALL_REDUCE]):
         found["all_reduce"] = PIECES_TO
     if crowded:
         found.update(CROWDED_MIN_BYTES)

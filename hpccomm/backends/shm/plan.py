@@ -47,7 +47,7 @@ def path(op: str, nbytes: int, n: int, vendor: str, crowded: bool = False,
     code, ring_name = OPERATIONS[op]
     per_rank = op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
     counted = nbytes // n if per_rank else nbytes
-    rings = ring_thresholds(n, crowded, kernel)
+    rings = ring_thresholds(n, crowded, kernel, vendor)
     limit = (small.capped(n, channel_caps(rings, n), vendor)[code] if small.available()
              else 0)
     what = "one rank's block" if per_rank else "the buffer"
