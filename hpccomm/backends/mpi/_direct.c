@@ -111,6 +111,29 @@ static PyObject *request_object(const unsigned char *request)
     return PyLong_FromUnsignedLongLong(handle);
 }
 
+/* What a direct form does once its call returned `code` and (if 0) filled `request`:
+ * test it, spin on it with the GIL released for up to `slice` seconds, and return None
+ * once it completed, else the request (an int) still running; an MPI error raises
+ * RuntimeError(code) (nothing is pending then: a failed start creates no request, a
+ * failed test ends it). */
+static PyObject *settle(int code, unsigned char *request, double slice, long yield_every)
+{
+    unsigned char status[STATUS_BYTES];
+    int done = 0;
+    if (code == 0)
+        code = mpi_test(request, &done, status);
+    if (code == 0 && !done) {
+        Py_BEGIN_ALLOW_THREADS
+        code = spin(request, slice, yield_every, &done);
+        Py_END_ALLOW_THREADS
+    }
+    if (code != 0)
+        return mpi_error(code);
+    if (done)
+        Py_RETURN_NONE;
+    return request_object(request);
+}
+
 /* sum_in_place(address, count, datatype, op, comm, slice, yield_every) -> None when the
  * operation has completed, else its request (an int) if it is still running after
  * `slice` seconds. The spin yields the core every `yield_every` tests (0: never).
@@ -142,22 +165,9 @@ static PyObject *sum_in_place(PyObject *Py_UNUSED(self), PyObject *const *args,
         return NULL;
     }
     unsigned char request[8] = {0};
-    unsigned char status[STATUS_BYTES];
-    int done = 0, code;
-    code = mpi_iallreduce((const void *)in_place, address, (int)count, datatype, op, comm,
-                          request);
-    if (code == 0)
-        code = mpi_test(request, &done, status);
-    if (code == 0 && !done) {
-        Py_BEGIN_ALLOW_THREADS
-        code = spin(request, slice, yield_every, &done);
-        Py_END_ALLOW_THREADS
-    }
-    if (code != 0)
-        return mpi_error(code);
-    if (done)
-        Py_RETURN_NONE;
-    return request_object(request);
+    int code = mpi_iallreduce((const void *)in_place, address, (int)count, datatype, op,
+                              comm, request);
+    return settle(code, request, slice, yield_every);
 }
 
 /* spin_test(address, slice, yield_every) -> bool: MPI_Test the request stored at
@@ -235,23 +245,10 @@ static PyObject *transfer(PyObject *Py_UNUSED(self), PyObject *const *args, Py_s
         Py_RETURN_FALSE;
     }
     unsigned char request[8] = {0};
-    unsigned char status[STATUS_BYTES];
-    int done = 0, code;
-    code = (receive ? mpi_irecv : mpi_isend)(view.buf, (int)count, datatype, (int)peer,
-                                             (int)tag, comm, request);
+    int code = (receive ? mpi_irecv : mpi_isend)(view.buf, (int)count, datatype, (int)peer,
+                                                 (int)tag, comm, request);
     PyBuffer_Release(&view); /* the caller keeps the array, and so its memory, alive */
-    if (code == 0)
-        code = mpi_test(request, &done, status);
-    if (code == 0 && !done) {
-        Py_BEGIN_ALLOW_THREADS
-        code = spin(request, slice, yield_every, &done);
-        Py_END_ALLOW_THREADS
-    }
-    if (code != 0)
-        return mpi_error(code);
-    if (done)
-        Py_RETURN_NONE;
-    return request_object(request);
+    return settle(code, request, slice, yield_every);
 }
 
 static PyMethodDef methods[] = {
