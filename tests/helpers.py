@@ -269,6 +269,23 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+def record_returns(monkeypatch, target, real):
+    """Put a stand-in for ``real`` at ``target`` (a monkeypatch target: a dotted path, or
+    an ``(object, name)`` pair) that calls it and records what each call returned; the
+    list of those values."""
+    returned = []
+
+    def recorded(*args):
+        value = real(*args)
+        returned.append(value)
+        return value
+    if isinstance(target, tuple):
+        monkeypatch.setattr(*target, recorded)
+    else:
+        monkeypatch.setattr(target, recorded)
+    return returned
+
+
 @contextlib.contextmanager
 def environment(**values):
     """Set environment variables (``HPCCOMM_*`` settings read when a group is made) for

@@ -185,16 +185,9 @@ def test_an_mpi_error_in_the_spin_fails_the_work(dist, rank, size, monkeypatch):
 def _counting_transfers(monkeypatch):
     """Count the blocking sends and receives that the direct form took."""
     from hpccomm import _call
+    from helpers import record_returns
 
-    taken = []
-    real = _call.transfer
-
-    def counted(*args):
-        done = real(*args)
-        taken.append(done)
-        return done
-    monkeypatch.setattr(_call, "transfer", counted)
-    return taken
+    return record_returns(monkeypatch, (_call, "transfer"), _call.transfer)
 
 
 @pytest.mark.mpi(min_size=2)

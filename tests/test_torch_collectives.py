@@ -242,14 +242,10 @@ def test_blocking_sums_take_the_direct_form(torch_world, rank, size, monkeypatch
     non-contiguous one, an async one and another op do not, and all agree."""
     from hpccomm import _call
 
-    calls = []
-    real = _call.sum_in_place
+    from helpers import record_returns
 
-    def counted(*args):
-        done = real(*args)
-        calls.append(done)
-        return done
-    monkeypatch.setattr("hpccomm.torch.process_group._sum_in_place", counted)
+    calls = record_returns(monkeypatch, "hpccomm.torch.process_group._sum_in_place",
+                           _call.sum_in_place)
     x = torch.full((5,), float(rank + 1))
     dist.all_reduce(x)
     assert calls == [True]
