@@ -8,24 +8,27 @@ import sys as _sys
 
 from ._version import __version__
 from .collectives import (all_gather, all_gather_into_tensor, all_gather_single, all_reduce,
-                          all_to_all, all_to_all_single, barrier, broadcast, gather, reduce,
-                          reduce_scatter, reduce_scatter_single, reduce_scatter_tensor, scatter)
+                          all_to_all, all_to_all_single, barrier, broadcast, gather,
+                          gather_into_tensor, gather_single, reduce, reduce_scatter,
+                          reduce_scatter_single, reduce_scatter_tensor, scatter)
 from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import (DistBackendError, DistDesyncError, DistError, DistNetworkError,
                      DistStoreError, DistTimeoutError, DistValueError, ProcessFailedError)
 from .fault import SHRINK_ABORT, SHRINK_DEFAULT, agree, is_fault_tolerant, revoke, shrink_group
 from .group import (GroupMember, ProcessGroup, get_backend, get_global_rank, get_group_rank,
-                    get_process_group_ranks, get_rank, get_world_size, group, new_group,
-                    new_subgroups, new_subgroups_by_enumeration, split_group)
+                    get_pg_count, get_process_group_ranks, get_rank, get_world_size, group,
+                    new_group, new_subgroups, new_subgroups_by_enumeration, set_timeout,
+                    split_group)
 from .init import (abort_process_group, destroy_process_group, get_default_backend_for_device,
-                   get_default_store, _get_default_store, init_process_group, is_available,
-                   is_gloo_available, is_initialized, is_mpi_available, is_nccl_available,
+                   get_default_store, _get_default_store, get_node_local_rank,
+                   init_process_group, is_available, is_backend_available, is_gloo_available,
+                   is_initialized, is_mpi_available, is_nccl_available,
                    is_torchelastic_launched)
 from .objects import (all_gather_object, broadcast_object_list, gather_object,
                       recv_object_list, scatter_object_list, send_object_list)
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .types import (Backend, DebugLevel, ReduceOp, RedOpType, _make_nccl_premul_sum,
-                    default_pg_timeout, reduce_op)
+                    default_pg_timeout, reduce_op, supports_complex)
 from .work import Future, Work
 from .diagnostics import (breakpoint, excepthook, flight_recorder, get_debug_level,
                           monitored_barrier, set_debug_level, set_debug_level_from_env)

@@ -224,6 +224,36 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
                         after=_call.scatter_into(staging, outputs), keep=staging)
 
 
+def gather_single(tensor: Any, gather_tensor: Any = None, dst: Optional[int] = None,
+                  group: GroupLike = None, async_op: bool = False,
+                  group_dst: Optional[int] = None) -> Optional[Work]:
+    """Gather every rank's ``tensor`` into the one array ``gather_tensor`` on rank
+    ``dst``, in rank order (group size x ``tensor``'s elements; a flat or a stacked
+    shape); ``gather_tensor`` is needed and used on ``dst`` only.
+
+    With neither ``dst`` nor ``group_dst``, the destination is global rank 0 (torch).
+    """
+    op = "gather_single"
+    rooted = _call.rooted(group, op, dst, group_dst, "dst", default=0, checked_outside=False)
+    if rooted is None:
+        return None
+    pg, root = rooted
+    comm, arr = _call.array(pg, op, tensor, output=False)
+    _call.uncaptured(pg, op, comm, "all_gather_into_tensor")
+    if pg.rank() != root:
+        return _call.launch(pg, op, comm.gather, (arr.reshape(-1), None, root, None), arr,
+                            async_op, root)
+    if gather_tensor is None:
+        raise pg.error(op, "gather_tensor must be specified on the destination rank")
+    comm, out, arr = _call.pair(pg, op, gather_tensor, tensor, "gather_tensor", "tensor")
+    if out.size != arr.size * pg.size():
+        raise pg.error(op, f"gather_tensor has {out.size} elements, expected {pg.size()} x "
+                           f"{arr.size} (group size x tensor size)")
+    send = _call.apart(arr, out, None, comm, pg, op)
+    return _call.launch(pg, op, comm.gather, (send.reshape(-1), out.reshape(-1), root, None),
+                        arr, async_op, root, result=(gather_tensor,))
+
+
 def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None,
             group: GroupLike = None, async_op: bool = False,
             group_src: Optional[int] = None) -> Optional[Work]:
@@ -375,6 +405,8 @@ def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = N
                         timeout=timeout_seconds(timeout))
 
 
-#: torch 2.13's names for the two ``_tensor`` collectives (it deprecates the old names).
+#: torch's names for the ``_tensor`` collectives: 2.13 deprecates ``all_gather_into_tensor``
+#: and ``reduce_scatter_tensor`` for the ``_single`` ones, 2.14 ``gather_into_tensor``.
 all_gather_single = all_gather_into_tensor
 reduce_scatter_single = reduce_scatter_tensor
+gather_into_tensor = gather_single

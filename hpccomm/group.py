@@ -104,6 +104,12 @@ class ProcessGroup:
             self.stream_run = getattr(made, "stream_run", None)
         return made
 
+    def set_timeout(self, seconds: Optional[float]) -> None:
+        """The timeout of the group's operations from now on, in its backends too."""
+        self.timeout = seconds
+        for communicator in self._communicators.values():
+            communicator.set_timeout(seconds)
+
     # -- async operations ---------------------------------------------------------------
     #: Operations a barrier does not wait for: a peer may post its side after the barrier.
     _P2P_OPS = frozenset(("isend", "irecv"))
@@ -214,9 +220,12 @@ class Registry:
         self.store: Any = None
         self.backend_spec: Dict[str, str] = {}
         self.timeout: Optional[float] = None
+        #: Groups made since the default group, it included (``get_pg_count``).
+        self.created = 0
 
     def add(self, pg: ProcessGroup) -> ProcessGroup:
         self.groups[pg.group_name] = pg
+        self.created += 1
         return pg
 
     def unique_name(self, ranks: Sequence[int], prefix: str = "ranks") -> str:
@@ -354,6 +363,29 @@ def get_global_rank(group: Any, group_rank: int) -> int:
 def get_process_group_ranks(group: GroupLike) -> List[int]:
     """The global ranks of ``group``'s members, in group-rank order."""
     return list(resolve(group, "get_process_group_ranks").ranks)
+
+
+def get_pg_count() -> int:
+    """How many process groups this process has made since ``init_process_group``, the
+    default group included (torch counts them the same way)."""
+    return registry.created
+
+
+def set_timeout(timeout: Any, group: GroupLike = None) -> None:
+    """The timeout of every later operation of ``group`` (default: the default group),
+    in its backends too, overriding the one it was made with (a ``timedelta`` or
+    seconds)."""
+    pg = member_group(group, "set_timeout")
+    if pg is None:
+        raise DistValueError(f"hpccomm.set_timeout on rank {registry.world.rank()}: this "
+                             f"rank is not a member of the group (Invalid process group "
+                             f"specified)")
+    seconds = timeout_seconds(timeout)
+    if seconds is None:
+        raise DistValueError(f"hpccomm.set_timeout on rank {pg.rank()}/{pg.size()} of "
+                             f"group '{pg.group_name}': timeout must be a timedelta or "
+                             f"seconds, got {timeout!r}")
+    pg.set_timeout(seconds)
 
 
 # -- creation -----------------------------------------------------------------------------

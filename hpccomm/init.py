@@ -54,6 +54,40 @@ def is_gloo_available() -> bool:
     return is_available()
 
 
+def is_backend_available(backend: str) -> bool:
+    """Whether ``backend`` (a name, or ``"cpu:mpi,cuda:nccl"``) can be used here: every
+    backend it names is registered and its library loads."""
+    text = str(backend).lower()
+    names = [part.partition(":")[2].strip() for part in text.split(",")] if ":" in text \
+        else [text.strip()]
+    for name in names:
+        canonical = Backend.canonical(name)
+        if not Backend.is_registered(canonical):
+            return False
+        if canonical == "nccl" and not is_nccl_available():
+            return False
+        if canonical in ("mpi", "gloo") and not is_available():
+            return False
+    return True
+
+
+def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
+    """This process's rank among the job's processes on its node: ``LOCAL_RANK`` (what
+    torchrun sets, read first as torch does), else what the MPI launcher or Slurm says,
+    else ``fallback_rank``."""
+    torchrun, _ = launcher_env.torchrun_local_rank()
+    if torchrun is not None:
+        return torchrun
+    launcher = launcher_env.launcher_local_rank()
+    if launcher is not None:
+        return launcher[0]
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("hpccomm.get_node_local_rank: neither LOCAL_RANK nor an MPI "
+                       "launcher's or Slurm's local rank is set; pass fallback_rank to run "
+                       "outside a launcher")
+
+
 def is_torchelastic_launched() -> bool:
     """Whether torchrun started this process (it sets ``TORCHELASTIC_RUN_ID``)."""
     return launcher_env.torchelastic_launched()

@@ -129,6 +129,17 @@ def split_op(op: Union[ReduceOp, RedOpType, int]) -> "tuple[RedOpType, Any]":
     raise TypeError(f"op must be a ReduceOp or ReduceOp member, got {op!r}")
 
 
+#: Reductions torch refuses for complex dtypes (they have no order, or no bits to AND).
+_NOT_COMPLEX = frozenset([RedOpType.MAX, RedOpType.MIN, RedOpType.PRODUCT, RedOpType.BAND,
+                          RedOpType.BOR, RedOpType.BXOR])
+
+
+def supports_complex(reduceOp: Union[ReduceOp, RedOpType, int]) -> bool:
+    """Whether ``reduceOp`` may reduce complex arrays (not MAX, MIN, PRODUCT, BAND, BOR
+    or BXOR, as in torch)."""
+    return split_op(reduceOp)[0] not in _NOT_COMPLEX
+
+
 class _DeprecatedReduceOp:
     """``reduce_op`` from old torch code: the four basic ops, with a warning."""
 

@@ -1,9 +1,11 @@
-"""docs/torch-compatibility.md stays true: one row per name of torch 2.13's reference list,
-and every "same" row matches hpccomm's signature (names, order, kinds, defaults).
+"""docs/torch-compatibility.md stays true: one row per name of torch 2.13's reference list
+and per public function torch 2.14 adds, and every "same" row matches hpccomm's
+signature (names, order, kinds, defaults).
 
 The reference list is ``tests/torch_port/torch-distributed-signatures.txt`` (torch
 2.13's signatures as ``inspect`` reads them), or the file ``HPCCOMM_TORCH_SIGNATURES``
-names.
+names, plus the public functions of ``tests/torch_port/torch-2.14-distributed-additions.txt``
+(what torch 2.14.1 adds).
 """
 import inspect
 import os
@@ -17,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "torch-compatibility.md")
 CANDIDATES = [os.environ.get("HPCCOMM_TORCH_SIGNATURES", ""),
               os.path.join(ROOT, "tests", "torch_port", "torch-distributed-signatures.txt")]
+ADDITIONS = os.path.join(ROOT, "tests", "torch_port", "torch-2.14-distributed-additions.txt")
 STATUSES = ("same", "differs", "not provided")
 
 
@@ -90,7 +93,21 @@ def reference():
                     entries[key] = [(name if not re.fullmatch(r"arg\d+", name) else None,
                                      kind, default)
                                     for name, kind, default in parse_params(found.group(2))]
+    with open(ADDITIONS) as handle:  # torch 2.14's public functions
+        for line in handle:
+            top = re.match(r"^torch\.distributed\.([a-z]\w*)\((.*)\)", line.rstrip("\n"))
+            if top:
+                entries[top.group(1)] = parse_params(_without_annotations(top.group(2)))
     return entries
+
+
+def _without_annotations(text):
+    """``a: T | None = None, b: int = 0`` as ``a=None, b=0`` (2.14's list keeps the
+    annotations and return type, which ``parse_params`` need not read)."""
+    text = re.sub(r"\) -> .*$", "", text)
+    return ", ".join(part.split(":")[0].strip() + (f"={part.split(' = ', 1)[1]}"
+                                                   if " = " in part else "")
+                     for part in split_top(text))
 
 
 def table():

@@ -62,6 +62,11 @@ class Communicator(abc.ABC):
     #: done; the general path then starts it). ``None``: the backend has none.
     stream_run: Optional[Callable[..., int]] = None
 
+    def set_timeout(self, seconds: Optional[float]) -> None:
+        """The timeout of this backend's own waits from now on (``set_timeout``; a
+        backend holding other communicators passes it on)."""
+        self.timeout = seconds
+
     def capturing(self) -> bool:
         """Whether the caller's stream is capturing a CUDA graph (GPU backends; a CPU
         backend never sees one)."""

@@ -61,6 +61,7 @@ _FIELDS_OF: Dict[str, tuple] = {
     "reduce": (_count, True, 1),
     "all_gather": (_out_count, False, None),
     "all_gather_into_tensor": (_out_count, True, None),
+    "gather_single": (_in_count, True, None),
     "reduce_scatter": (_in_count, False, 2),
     "reduce_scatter_tensor": (_in_count, True, 2),
     "all_to_all_single": (_a2a_count, False, None),

@@ -14,7 +14,7 @@ CODES: Dict[str, int] = {
     "reduce_scatter_tensor": 9, "all_to_all_single": 10, "all_to_all": 11, "barrier": 12,
     # object collectives: each step is checked by operation and root only
     "broadcast_object_list": 13, "all_gather_object": 14, "gather_object": 15,
-    "scatter_object_list": 16,
+    "scatter_object_list": 16, "gather_single": 17,
 }
 #: Number -> collective.
 NAMES: Dict[int, str] = {code: op for op, code in CODES.items()}

@@ -130,6 +130,10 @@ class NCCLCommunicator(Communicator):
         self._pool: List[Any] = []  # done events free for reuse (refilled by the watchdog)
         self.watchdog = _cuda.Watchdog(self, self.device, timeout, self._pool)
 
+    def set_timeout(self, seconds: Optional[float]) -> None:
+        super().set_timeout(seconds)
+        self.watchdog.timeout = seconds
+
     # -- communicators --------------------------------------------------------------------
     def _new_comm(self, nranks: int, uid: bytes, rank: int) -> Any:
         with self._dev:

@@ -276,6 +276,11 @@ class SharedMemoryCommunicator(MPICommunicator):
         else:  # MPI's direct form, below the shared-memory threshold
             self.direct_below = min(self.direct_below, self.min_reduce)
 
+    def set_timeout(self, seconds: Optional[float]) -> None:
+        super().set_timeout(seconds)
+        if self.small is not None:
+            self.small.timeout = seconds
+
     # -- the engine -------------------------------------------------------------------
     def _start(self, op: Collective) -> Started:
         if self.failed is not None:

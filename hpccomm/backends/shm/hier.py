@@ -120,6 +120,11 @@ class HierarchicalCommunicator(MPICommunicator):
         self.chains: Deque[Chain] = collections.deque()
         self.advance_lock = threading.Lock()
 
+    def set_timeout(self, seconds: Optional[float]) -> None:
+        super().set_timeout(seconds)
+        self.local.set_timeout(seconds)
+        self.cross.set_timeout(seconds)
+
     def advance_pending(self) -> None:
         """Advance the chains in order: a chain starts a step only once every chain
         before it has started that step, so that every rank starts the steps' MPI and
