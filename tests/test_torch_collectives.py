@@ -244,7 +244,7 @@ def test_blocking_sums_take_the_direct_form(torch_world, rank, size, monkeypatch
 
     from helpers import record_returns
 
-    calls = record_returns(monkeypatch, "hpccomm.torch.process_group._sum_in_place",
+    calls = record_returns(monkeypatch, "hpccomm.torch.operations._sum_in_place",
                            _call.sum_in_place)
     x = torch.full((5,), float(rank + 1))
     dist.all_reduce(x)
@@ -550,12 +550,12 @@ def test_deprecated_coalesced_calls(torch_world, rank, size):
         dist.all_reduce_coalesced(xs)
         close(xs[0], torch.full((2,), float(sum(range(size)))))
         close(xs[1], torch.full((5,), float(size)))
-        outs = [[torch.empty(2) for _ in range(size)], [torch.empty(1) for _ in range(size)]]
+        outs = [[torch.empty(2), torch.empty(1)] for _ in range(size)]  # [rank][input]
         dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)),
                                          torch.full((1,), -float(rank))])
         for r in range(size):
-            close(outs[0][r], torch.full((2,), float(r)))
-            close(outs[1][r], torch.full((1,), -float(r)))
+            close(outs[r][0], torch.full((2,), float(r)))
+            close(outs[r][1], torch.full((1,), -float(r)))
 
 
 # -- asynchronous work ---------------------------------------------------------------------------

@@ -90,6 +90,16 @@ def test_below_thread_multiple_warns_and_still_completes_futures():
         assert fields["warned"] == "True" and fields["level"] == "2", output  # SERIALIZED
 
 
+def test_torch_debug_detail_on_every_name():
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL, where torch wraps the backends it knows for extra
+    checks: hpccomm's groups work under it, by each name."""
+    code, output = run([CASE, "debug_detail"], n=2, TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    assert code == 0, output
+    found = result_lines(output)
+    assert sorted(fields["backend"] for _, fields in found) == sorted(
+        ["mpi", "hpccomm", "cpu:hpccomm,cuda:nccl"] * 2), output
+
+
 # -- failing ----------------------------------------------------------------------------------
 def test_every_kind_of_wait_times_out_naming_the_operation():
     code, output = run([CASE, "timeouts"], n=2)
@@ -101,6 +111,8 @@ def test_every_kind_of_wait_times_out_naming_the_operation():
         assert "error" in fields, f"{case} did not fail: {output}"
         assert float(fields["elapsed"]) < 4.0, fields  # the 1 s / 0.5 s limits, not 60 s
         assert fields["backend_error"] == "True", fields  # torch's DistBackendError too
+        if "aborted" in fields:  # torch 2.14: abort hooks ran once, get_error() says why
+            assert fields["aborted"] == "1" and fields["state"] == "TIMEOUT", fields
     assert found["sync_all_reduce"]["type"] == "DistTimeoutError"
     assert re.search(r"all_reduce .* on rank 0/2 of group '\d+' .*timed out",
                      found["sync_all_reduce"]["error"]), found["sync_all_reduce"]

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
                                             "'hpccomm[torch]'); the torch backend is untested")
 dist = pytest.importorskip("torch.distributed")
 hpccomm_torch = pytest.importorskip("hpccomm.torch")
-from hpccomm.torch import mpi_backend  # noqa: E402
+from hpccomm.torch import mpi_backend, versions  # noqa: E402
 
 c10d = importlib.import_module("torch.distributed.distributed_c10d")  # what it patches
 TIMEOUT = datetime.timedelta(seconds=60)
@@ -27,9 +27,30 @@ TIMEOUT = datetime.timedelta(seconds=60)
 
 # -- the internals, one by one -----------------------------------------------------------------
 def test_this_torch_is_one_the_module_was_tested_on():
-    assert torch.__version__.startswith(mpi_backend.TESTED_TORCH), (
+    assert versions.tested(), (
         f"torch {torch.__version__}: check each of mpi_backend.INTERNALS against its "
-        f"distributed_c10d.py, then add the release to TESTED_TORCH")
+        f"distributed_c10d.py, then add the release to hpccomm._version.TESTED_TORCH")
+    assert mpi_backend.TESTED_TORCH == versions.TESTED
+
+
+def test_the_torch_extra_installs_exactly_the_tested_releases():
+    """setup.cfg's torch requirement admits each tested release and nothing newer, and
+    an untested torch is named at import (a warning) and by ``hpccomm info``."""
+    import configparser
+    import os
+
+    config = configparser.ConfigParser()
+    config.read(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "setup.cfg"))
+    extras = config["options.extras_require"]
+    for extra in ("torch", "frameworks", "bench"):
+        assert versions.REQUIREMENT in extras[extra].split("\n"), extra
+    low, high = versions.TESTED[0], versions.TESTED[-1]
+    major, minor = map(int, high.split("."))
+    assert versions.REQUIREMENT == f"torch>={low},<{major}.{minor + 1}"
+    assert versions.untested_note() is None
+    note = versions.untested_note("2.99.0+cpu")
+    assert "2.99.0" in note and all(release in note for release in versions.TESTED)
 
 
 @pytest.mark.parametrize("name", sorted(mpi_backend.INTERNALS))

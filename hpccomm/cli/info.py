@@ -54,7 +54,20 @@ def hpccomm_section() -> Section:
 def python_section() -> Section:
     return {"version": sys.version.split()[0], "executable": sys.executable,
             "platform": platform.platform(), "numpy": _dist_version("numpy"),
-            "torch": _dist_version("torch")}
+            "torch": _torch_version()}
+
+
+def _torch_version() -> str:
+    """torch's version, and whether hpccomm's PyTorch backend is tested on it."""
+    from .._version import TESTED_TORCH, torch_tested
+
+    version = _dist_version("torch")
+    if version == "not installed":
+        return version
+    if torch_tested(version):
+        return f"{version} (hpccomm.torch is tested on it)"
+    return (f"{version} (untested: hpccomm.torch is tested on torch "
+            f"{' and '.join(TESTED_TORCH)})")
 
 
 def _cuda_aware(mpi: Any) -> str:

@@ -31,6 +31,8 @@ import importlib
 
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module
 
+from . import versions
+from .backend import BackendHPC
 from .bootstrap import create_group, mpi_rendezvous
 from .errors import DistBackendError, DistTimeoutError, ProcessFailedError
 from .fault import agree, revoke, shrink_group
@@ -42,7 +44,7 @@ from .work import DoneWork, PendingWork
 #: The name to pass to ``init_process_group`` and ``new_group``.
 BACKEND = "hpccomm"
 
-__all__ = ["BACKEND", "ProcessGroupHPC", "MPITorchStore", "DoneWork", "PendingWork",
+__all__ = ["BACKEND", "ProcessGroupHPC", "BackendHPC", "MPITorchStore", "DoneWork", "PendingWork",
            "DistBackendError", "DistTimeoutError", "DistStoreError", "ProcessFailedError",
            "create_group", "mpi_rendezvous", "monitored_barrier", "register", "shrink_group",
            "agree", "revoke"]
@@ -72,3 +74,4 @@ def register() -> None:
 
 
 register()
+versions.warn_if_untested()

@@ -30,10 +30,12 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed.distributed_c10d as c10d
 
+from . import versions
+
 logger = logging.getLogger("hpccomm")
 
 #: torch releases whose internals this module was written against and is tested on.
-TESTED_TORCH = ("2.13",)
+TESTED_TORCH = versions.TESTED
 
 #: The parameters of ``_new_process_group_helper`` this module reads, by name.
 HELPER_PARAMETERS = ("group_size", "group_rank", "global_ranks_in_group", "backend",
@@ -100,9 +102,6 @@ def install() -> bool:
                       f"'mpi' on hpccomm was built for ({'; '.join(found)}); 'mpi' stays "
                       f"unavailable, use backend 'hpccomm'", RuntimeWarning, stacklevel=2)
         return False
-    if not torch.__version__.startswith(TESTED_TORCH):
-        logger.info("hpccomm.torch: backend 'mpi' on torch %s, not one of the tested %s",
-                    torch.__version__, TESTED_TORCH)
     helper = _original_helper()
     wrapper = functools.wraps(helper)(functools.partial(_make_group, helper,
                                                         inspect.signature(helper)))

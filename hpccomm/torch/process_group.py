@@ -1,116 +1,37 @@
 """``ProcessGroupHPC``: a torch ``ProcessGroup`` whose CPU operations run on hpccomm.
 
-torch's backend registry calls the group's methods (``allreduce``, ``all_gather_single``,
-``reduce_scatter_single_coalesced``...) from its Python wrappers and, through its
-``ProcessGroup`` trampoline, from C++ (functional collectives, DDP). Each method turns
-the tensors into NumPy views of their memory (:mod:`._tensors`), validates them with
-hpccomm's shared helpers (:mod:`hpccomm._call`) and starts one nonblocking operation on
-the group's MPI communicator through hpccomm's MPI backend, the same path as
-``hpccomm.all_reduce`` on NumPy arrays. A synchronous call (``opts.asyncOp`` false, what
-torch's wrappers pass for ``async_op=False``) polls the request on the calling thread
-and returns a completed Work; an asynchronous one returns a
-:class:`~hpccomm.torch.work.PendingWork`.
+torch's Python wrappers (``dist.all_reduce``...) call the group's methods directly, and
+C++ callers (DDP's reducer, functional collectives) reach the same methods through
+torch's ``ProcessGroup`` trampoline: the operations themselves are in
+:class:`~hpccomm.torch.operations.TensorOperations`. A Python call on the group goes
+straight to them, which keeps an 8-byte all_reduce through torch at a few µs (torch's
+C++ dispatcher and a Python backend behind it would add about 12 µs per call, measured).
 
-Group ranks are torch's group ranks; the group's communicator numbers its ranks the
-same way. CUDA tensors go to torch's NCCL backend when the group was created with
-``"cpu:hpccomm,cuda:nccl"``.
+What torch asks a group for its backend gets a real one: :class:`~.backend.BackendHPC`
+for the CPU (on torch 2.14 registered with torch itself, so C++ code that asks the group
+sees it too) and torch's NCCL for CUDA tensors when the group was created with
+``"cpu:hpccomm,cuda:nccl"`` (created on first use). The group also answers torch 2.14's
+hooks (pre/post collective hooks, abort hooks) and ``set_timeout``.
 """
 from __future__ import annotations
 
 import datetime
-import functools
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
 
-from .. import _call
-from ..diagnostics.monitored_barrier import run_on as _monitored_barrier_on
-from ..errors import DistBackendError
 from ..group import ProcessGroup as HostGroup
-from ..types import timeout_seconds
-from ..work import chain
-from . import _tensors
-from .errors import for_torch
-from .work import DONE, PendingWork
+from . import _tensors, versions
+from .backend import BackendHPC
+from .hooks import GroupState
+from .operations import TensorOperations
 
-_reduce_op = _tensors.reduce_op
-_timeout_of = _tensors.timeout_of
-_view = _tensors.view
-_lasting_view = _tensors.lasting_view
-_REDUCIBLE = _tensors.REDUCIBLE
-_launch = _call.launch
-_sum_in_place = _call.sum_in_place
-_TORCH_SUM = dist.ReduceOp.SUM
 _CPU = torch.device("cpu")
 _CUDA = torch.device("cuda")
 
 
-def _output(t: torch.Tensor) -> Tuple[Any, Optional[Callable[[], None]]]:
-    """The common case inline: a contiguous tensor is its own buffer."""
-    if t.is_contiguous():
-        return _view(t), None
-    return _tensors.output(t)
-
-
-def _operation(op: str, first: Callable[[tuple], Any], nccl: Optional[str] = None
-               ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """What every operation method shares, around its CPU body: tensors on another device
-    go to the group's CUDA backend (its method ``nccl``, default the same name), found
-    by ``first(args)`` (the first tensor, ``None`` for empty lists); a tensor MPI cannot
-    take becomes an error naming ``op``, this rank and this group, raised before
-    anything is communicated."""
-    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
-        name = nccl or method.__name__
-
-        @functools.wraps(method)
-        def run(self: "ProcessGroupHPC", *args: Any, **kwargs: Any) -> Any:
-            try:
-                tensor = first(args)
-            except (IndexError, TypeError):
-                tensor = None
-            if tensor is not None and not tensor.is_cpu:
-                return getattr(self._cuda(op, tensor), name)(*args, **kwargs)
-            try:
-                return method(self, *args, **kwargs)
-            except _tensors.Unsupported as exc:
-                raise self._host.error(op, str(exc)) from None
-        return run
-    return decorate
-
-
-def _first(args: tuple) -> Any:
-    """The first tensor of the first argument (a list of tensors)."""
-    return args[0][0]
-
-
-def _first_of_second(args: tuple) -> Any:
-    """The first tensor of the second argument (the inputs after the outputs)."""
-    return args[1][0]
-
-
-def _tensor_arg(args: tuple) -> Any:
-    """The first argument, itself a tensor."""
-    return args[0]
-
-
-def _combine(parts: Sequence[Any]) -> Any:
-    """Several started operations as one ``(test, finish, keep)``."""
-    tests = [part[0] for part in parts]
-    finish = None
-    for part in parts:
-        finish = chain(finish, part[1])
-
-    def test() -> bool:
-        while tests:
-            if not tests[-1]():
-                return False
-            tests.pop()
-        return True
-    return test, finish, [part[2] for part in parts]
-
-
-class ProcessGroupHPC(dist.ProcessGroup):
+class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
     """A torch process group over one MPI communicator (registered as ``"hpccomm"``)."""
 
     def __init__(self, store: Any, host: HostGroup,
@@ -124,15 +45,35 @@ class ProcessGroupHPC(dist.ProcessGroup):
         self._name = host.group_name
         self._desc = host.group_desc
         self._cuda_backend: Any = None
+        self._state = GroupState()
         #: torch dtype -> (MPI datatype, itemsize): what all_reduce's direct form takes.
         self._direct = _tensors.direct_types(host.cpu.direct_types)
-        #: What ``name()`` and ``getBackendName()`` say: ``"mpi"`` when the group was
-        #: asked for under torch's name for the MPI backend.
-        self.backend_name = "hpccomm"
+        #: The CPU backend torch's code finds on this group.
+        self._backend = BackendHPC(host, self._state, self._direct)
+        if versions.python_backends():
+            kind = dist.ProcessGroup.BackendType.CUSTOM
+            self._register_backend(_CPU, kind, self._backend)
+            self._set_default_backend(kind)
 
     # -- identity --------------------------------------------------------------------------
+    def rank(self) -> int:  # torch's own goes through C++ and back: ~3 µs a call
+        return self._host.rank()
+
+    def size(self) -> int:
+        return self._host.size()
+
+    @property
+    def backend_name(self) -> str:
+        """What ``name()`` and ``getBackendName()`` say: ``"mpi"`` when the group was
+        asked for under torch's name for the MPI backend."""
+        return self._state.backend_name
+
+    @backend_name.setter
+    def backend_name(self, name: str) -> None:
+        self._state.backend_name = name
+
     def getBackendName(self) -> str:
-        return self.backend_name
+        return self._state.backend_name
 
     def setGroupName(self, name: str) -> None:
         self._name = self._host.group_name = name
@@ -149,7 +90,7 @@ class ProcessGroupHPC(dist.ProcessGroup):
     @property
     def _device_types(self) -> List[torch.device]:
         """The devices this group serves; torch reads it to place object collectives and
-        state-dict loading (a Python group has no registered backends to report)."""
+        state-dict loading."""
         return [_CPU, _CUDA] if self._nccl_configured() else [_CPU]
 
     def get_group_store(self) -> Any:
@@ -165,34 +106,21 @@ class ProcessGroupHPC(dist.ProcessGroup):
         return (f"<ProcessGroupHPC '{self._name}' rank {self.rank()}/{self.size()} "
                 f"global ranks {list(self._host.ranks)}>")
 
-    # -- dispatch --------------------------------------------------------------------------
-    def _run(self, op: str, start: Callable[..., Any], args: tuple, arr: Any, opts: Any,
-             outputs: List[Any], after: Optional[Callable[[], None]] = None,
-             keep: Any = None) -> dist.Work:
-        async_op = opts.asyncOp
-        try:  # the tensors stay alive while MPI may use them (views need not hold them)
-            outcome = _launch(self._host, op, start, args, arr, async_op, None,
-                              _timeout_of(opts), (), after,
-                              outputs if keep is None else (outputs, keep))
-        except DistBackendError as exc:
-            raise for_torch(exc) from None
-        if async_op:
-            return PendingWork(outcome, outputs).share()
-        return DONE
+    # -- the backends torch asks for -------------------------------------------------------
+    def _get_backend(self, device: Any) -> Any:
+        """The backend of ``device``'s tensors: :class:`BackendHPC` for the CPU, torch's
+        NCCL for CUDA where the group was created with ``cuda:nccl``."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self._backend
+        if device.type == "cuda" and self._nccl_configured():
+            return self._nccl()
+        raise RuntimeError(f"No backend type associated with device type {device.type} "
+                           f"(group '{self._name}' of backend '{self.backend_name}' serves "
+                           f"{', '.join(d.type for d in self._device_types)})")
 
-    def _run_all(self, op: str, starts: List[Tuple[Callable[..., Any], tuple]], arr: Any,
-                 opts: Any, outputs: List[Any], after: Optional[Callable[[], None]] = None
-                 ) -> dist.Work:
-        """Several operations started together, completed as one Work (coalesced calls)."""
-        def start_all() -> Any:
-            return _combine([start(*args) for start, args in starts])
-        return self._run(op, start_all, (), arr, opts, outputs, after)
-
-    def _one(self, op: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        if len(tensors) != 1:
-            raise self._host.error(op, f"expected a list of one tensor, got {len(tensors)} "
-                                       f"(one tensor per process, as torch's CPU backends)")
-        return tensors[0]
+    def get_backend(self, device: Any) -> Any:
+        return self._get_backend(device)
 
     def _cuda(self, op: str, tensor: torch.Tensor) -> Any:
         """torch's NCCL backend for this group's CUDA tensors (created on first use)."""
@@ -200,6 +128,9 @@ class ProcessGroupHPC(dist.ProcessGroup):
             raise self._host.error(op, f"tensors on {tensor.device} are not served by "
                                        f"backend 'hpccomm' (CPU only); create the group "
                                        f"with backend 'cpu:hpccomm,cuda:nccl' for CUDA")
+        return self._nccl()
+
+    def _nccl(self) -> Any:
         if self._cuda_backend is None:
             options = dist.ProcessGroupNCCL.Options()
             options.group_name = self._name
@@ -207,394 +138,44 @@ class ProcessGroupHPC(dist.ProcessGroup):
             if self._host.timeout is not None:
                 options._timeout = datetime.timedelta(seconds=self._host.timeout)
             store = dist.PrefixStore("nccl/", self._store)
-            self._cuda_backend = dist.ProcessGroupNCCL(store, self.rank(), self.size(),
-                                                       options)
+            backend = dist.ProcessGroupNCCL(store, self.rank(), self.size(), options)
+            self._register_backend(_CUDA, dist.ProcessGroup.BackendType.NCCL, backend)
+            self._cuda_backend = backend
         return self._cuda_backend
 
     def _nccl_configured(self) -> bool:
         config = dist.distributed_c10d._world.pg_backend_config.get(self, "")
         return "cuda:nccl" in str(config)
 
-    # -- collectives -------------------------------------------------------------------------
-    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        op = None  # torch's ReduceOp, read once (each pybind11 read builds a copy)
-        if opts is not None and not opts.asyncOp and len(tensors) == 1:
-            t = tensors[0]  # the hottest call: a blocking in-place sum, in direct form
-            direct = self._direct.get(t.dtype)
-            op = opts.reduceOp
-            try:
-                fits = (direct is not None and t.is_cpu and t.is_contiguous()
-                        and not t.is_neg() and op == _TORCH_SUM)
-            except RuntimeError:  # a sparse or other non-strided tensor: the general way
-                fits = False
-            if fits:
-                count = t.numel()
-                try:
-                    if _sum_in_place(self._host, "all_reduce", t.data_ptr(), count,
-                                     count * direct[1], direct[0], _timeout_of(opts), t,
-                                     tensors):
-                        return DONE
-                except DistBackendError as exc:
-                    raise for_torch(exc) from None
-        opts = opts or dist.AllreduceOptions()
-        t = tensors[0] if len(tensors) == 1 else self._one("all_reduce", tensors)
-        back = None
-        try:  # the hot path inline: a contiguous CPU tensor, viewed once (kept by _run)
-            arr = _lasting_view(t) if t.is_contiguous() and t.dtype in _REDUCIBLE else None
-        except (RuntimeError, TypeError):  # CUDA, an unviewable dtype: the general way
-            arr = None
-        if arr is None:
-            if not t.is_cpu:
-                return self._cuda("all_reduce", t).allreduce(tensors, opts)
-            try:
-                arr, back = _output(_tensors.reducible(t))
-            except _tensors.Unsupported as exc:
-                raise self._host.error("all_reduce", str(exc)) from None
-        comm, arr, kind, factor = _call.reduce_operand(
-            self._host, "all_reduce", arr, _reduce_op(opts.reduceOp if op is None else op))
-        return self._run("all_reduce", comm.all_reduce, (arr, kind, factor), arr, opts,
-                         tensors, back)
+    # -- settings and hooks ------------------------------------------------------------------
+    def set_timeout(self, timeout: Any) -> None:
+        """The timeout of the group's operations from now on (``dist.set_timeout``)."""
+        self._backend.set_timeout(timeout)
+        if self._cuda_backend is not None:
+            self._cuda_backend.set_timeout(timeout)
 
-    @_operation("all_reduce_coalesced", _first)
-    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts or dist.AllreduceCoalescedOptions()
-        op, starts, backs = _reduce_op(opts.reduceOp), [], []
-        for t in tensors:
-            arr, back = _output(_tensors.reducible(t))
-            comm, arr, kind, factor = _call.reduce_operand(self._host, "all_reduce_coalesced",
-                                                           arr, op)
-            starts.append((comm.all_reduce, (arr, kind, factor)))
-            backs.append(back)
-        return self._run_all("all_reduce_coalesced", starts, None, opts, tensors,
-                             _steps(backs))
+    if versions.collective_hooks():  # torch 2.14's hooks (2.13 has none to offer)
+        def register_pre_hook(self, hook_id: int, hook: Callable[[Any], None]) -> None:
+            """Run ``hook(PreHookArgs)`` before each operation the group issues."""
+            self._state.register("pre", hook_id, hook)
 
-    @_operation("broadcast", _first)
-    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts or dist.BroadcastOptions()
-        t = self._one("broadcast", tensors)
-        root = self._root("broadcast", opts.rootRank)
-        arr, back = _output(t)
-        comm, arr = _call.array(self._host, "broadcast", arr)
-        return self._run("broadcast", comm.broadcast, (arr, root), arr, opts, tensors, back)
+        def unregister_pre_hook(self, hook_id: int) -> None:
+            self._state.unregister("pre", hook_id)
 
-    @_operation("reduce", _first)
-    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts or dist.ReduceOptions()
-        t = self._one("reduce", tensors)
-        root = self._root("reduce", opts.rootRank)
-        arr, back = _output(_tensors.reducible(t))
-        comm, arr, kind, factor = _call.reduce_operand(self._host, "reduce", arr,
-                                                       _reduce_op(opts.reduceOp))
-        return self._run("reduce", comm.reduce, (arr, kind, factor, root), arr, opts,
-                         tensors, back)
+        def register_post_hook(self, hook_id: int, hook: Callable[[Any], None]) -> None:
+            """Run ``hook(PostHookArgs)`` after each operation the group issues."""
+            self._state.register("post", hook_id, hook)
 
-    @_operation("all_gather", _first_of_second)
-    def allgather(self, output_tensors: List[List[torch.Tensor]],
-                  input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts or dist.AllgatherOptions()
-        op = "all_gather"
-        t = self._one(op, input_tensors)
-        outputs = self._one(op, output_tensors)
-        comm, arr = _call.array(self._host, op, _tensors.inputs(t), output=False)
-        outs = self._arrays(op, comm, arr.dtype, outputs, "output_tensors")
-        counts = [out.size for out in outs]
-        if counts[self.rank()] != arr.size:
-            raise self._host.error(op, f"input has {arr.size} elements but output "
-                                       f"{self.rank()} has {counts[self.rank()]}")
-        staging = _call.empty(arr, sum(counts))
-        return self._run(op, comm.all_gather, (arr.reshape(-1), staging,
-                                               _call.uneven_counts(counts)), arr, opts,
-                         output_tensors, _call.scatter_into(staging, outs), staging)
+        def unregister_post_hook(self, hook_id: int) -> None:
+            self._state.unregister("post", hook_id)
 
-    @_operation("all_gather_coalesced", _first_of_second)
-    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
-                            input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts or dist.AllgatherOptions()
-        op = "all_gather_coalesced"
-        if len(output_lists) != len(input_tensors):
-            raise self._host.error(op, f"{len(output_lists)} output lists for "
-                                       f"{len(input_tensors)} inputs")
-        starts, steps, keep = [], [], []
-        for outputs, t in zip(output_lists, input_tensors):
-            comm, arr = _call.array(self._host, op, _tensors.inputs(t), output=False)
-            outs = self._arrays(op, comm, arr.dtype, outputs, "output_lists[i]")
-            staging = _call.empty(arr, sum(out.size for out in outs))
-            starts.append((comm.all_gather, (arr.reshape(-1), staging,
-                                             _call.uneven_counts([o.size for o in outs]))))
-            steps.append(_call.scatter_into(staging, outs))
-            keep.append(staging)
-        return self._run_all(op, starts, None, opts, output_lists, _steps(steps))
+        def register_abort_hook(self, hook_id: int, hook: Callable[[], None]) -> None:
+            """Run ``hook()`` before the group gives up: its first timed-out or failed
+            operation, or ``abort()``."""
+            self._backend.registerAbortHook(hook_id, hook)
 
-    def _gather_into(self, op: str, output: torch.Tensor, input: torch.Tensor
-                     ) -> Tuple[Any, Tuple[Any, Any, None], Optional[Callable[[], None]]]:
-        """``(communicator, all_gather args, copy-back)`` for one tensor-into-tensor gather;
-        an input that is this rank's block of the output gathers in place."""
-        out, back = _output(output)
-        comm, out, arr = _call.pair(self._host, op, out, _tensors.inputs(input),
-                                    "output_tensor", "input_tensor")
-        if out.size != arr.size * self.size():
-            raise self._host.error(op, f"output_tensor has {out.size} elements, expected "
-                                       f"{self.size()} x {arr.size} (group size x input)")
-        return comm, (_call.apart(arr, out, block=self.rank()), out, None), back
-
-    @_operation("all_gather_into_tensor", _tensor_arg, "_allgather_base")
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          opts: Any = None) -> dist.Work:
-        opts = opts or dist.AllgatherOptions()
-        op = "all_gather_into_tensor"
-        comm, args, back = self._gather_into(op, output, input)
-        return self._run(op, comm.all_gather, args, args[1], opts, [output], back)
-
-    _allgather_base = all_gather_single
-
-    @_operation("all_gather_into_tensor_coalesced", _first,
-                "allgather_into_tensor_coalesced")
-    def all_gather_single_coalesced(self, outputs: List[torch.Tensor],
-                                    inputs: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts or dist.AllgatherOptions()
-        op = "all_gather_into_tensor_coalesced"
-        starts, backs = [], []
-        for output, input in zip(outputs, inputs):
-            comm, args, back = self._gather_into(op, output, input)
-            starts.append((comm.all_gather, args))
-            backs.append(back)
-        return self._run_all(op, starts, None, opts, list(outputs), _steps(backs))
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-
-    @_operation("gather", _first_of_second)
-    def gather(self, output_tensors: List[List[torch.Tensor]],
-               input_tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts or dist.GatherOptions()
-        op = "gather"
-        t = self._one(op, input_tensors)
-        root = self._root(op, opts.rootRank)
-        comm, arr = _call.array(self._host, op, _tensors.inputs(t), output=False)
-        if self.rank() != root:
-            if output_tensors and any(output_tensors):
-                raise self._host.error(op, "gather_list must be empty on ranks other than "
-                                           "the destination")
-            return self._run(op, comm.gather, (arr.reshape(-1), None, root, []), arr, opts,
-                             [])
-        outs = self._arrays(op, comm, arr.dtype, self._one(op, output_tensors), "gather_list")
-        counts = [out.size for out in outs]
-        if counts[root] != arr.size:
-            raise self._host.error(op, f"tensor has {arr.size} elements but gather_list"
-                                       f"[{root}] has {counts[root]}")
-        staging = _call.empty(arr, sum(counts))
-        return self._run(op, comm.gather, (arr.reshape(-1), staging, root, counts), arr, opts,
-                         output_tensors, _call.scatter_into(staging, outs), staging)
-
-    @_operation("scatter", _first)
-    def scatter(self, output_tensors: List[torch.Tensor],
-                input_tensors: List[List[torch.Tensor]], opts: Any = None) -> dist.Work:
-        opts = opts or dist.ScatterOptions()
-        op = "scatter"
-        t = self._one(op, output_tensors)
-        root = self._root(op, opts.rootRank)
-        out, back = _output(t)
-        comm, out = _call.array(self._host, op, out)
-        if self.rank() != root:
-            if input_tensors and any(input_tensors):
-                raise self._host.error(op, "scatter_list must be empty on ranks other than "
-                                           "the source")
-            return self._run(op, comm.scatter, (None, out.reshape(-1), root, []), out, opts,
-                             output_tensors, back)
-        ins = self._arrays(op, comm, out.dtype, self._one(op, input_tensors), "scatter_list",
-                           output=False)
-        counts = [arr.size for arr in ins]
-        if counts[root] != out.size:
-            raise self._host.error(op, f"tensor has {out.size} elements but scatter_list"
-                                       f"[{root}] has {counts[root]}")
-        staging = _call.concatenate(ins, out)
-        return self._run(op, comm.scatter, (staging, out.reshape(-1), root, counts), out, opts,
-                         output_tensors, back, staging)
-
-    @_operation("reduce_scatter", _first)
-    def reduce_scatter(self, output_tensors: List[torch.Tensor],
-                       input_tensors: List[List[torch.Tensor]], opts: Any = None) -> dist.Work:
-        opts = opts or dist.ReduceScatterOptions()
-        op = "reduce_scatter"
-        t = self._one(op, output_tensors)
-        out, back = _output(_tensors.reducible(t))
-        comm, out = _call.array(self._host, op, out, "output")
-        ins = self._arrays(op, comm, out.dtype, self._one(op, input_tensors), "input_list",
-                           output=False)
-        counts = [arr.size for arr in ins]
-        if counts[self.rank()] != out.size:
-            raise self._host.error(op, f"output has {out.size} elements but input_list"
-                                       f"[{self.rank()}] has {counts[self.rank()]}")
-        kind, factor = _call.reduction(self._host, op, _reduce_op(opts.reduceOp), out.dtype)
-        staging = _call.concatenate(ins, out)
-        return self._run(op, comm.reduce_scatter, (staging, out.reshape(-1), kind, factor,
-                                                   _call.uneven_counts(counts)), out, opts,
-                         output_tensors, back, staging)
-
-    def _scatter_reduced(self, op: str, output: torch.Tensor, input: torch.Tensor, red: Any
-                         ) -> Tuple[Any, tuple, Optional[Callable[[], None]]]:
-        """``(communicator, reduce_scatter args, copy-back)`` for a tensor-into-tensor
-        reduce-scatter."""
-        out, back = _output(_tensors.reducible(output))
-        comm, out, arr = _call.pair(self._host, op, out, _tensors.inputs(input), "output",
-                                    "input")
-        if arr.size != out.size * self.size():
-            raise self._host.error(op, f"input has {arr.size} elements, expected "
-                                       f"{self.size()} x {out.size} (group size x output)")
-        kind, factor = _call.reduction(self._host, op, red, out.dtype)
-        return comm, (_call.apart(arr, out), out, kind, factor, None), back
-
-    @_operation("reduce_scatter_tensor", _tensor_arg, "_reduce_scatter_base")
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
-                              opts: Any = None) -> dist.Work:
-        opts = opts or dist.ReduceScatterOptions()
-        op = "reduce_scatter_tensor"
-        comm, args, back = self._scatter_reduced(op, output, input, _reduce_op(opts.reduceOp))
-        return self._run(op, comm.reduce_scatter, args, args[1], opts, [output], back)
-
-    _reduce_scatter_base = reduce_scatter_single
-
-    @_operation("reduce_scatter_tensor_coalesced", _first,
-                "reduce_scatter_tensor_coalesced")
-    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor],
-                                        inputs: List[torch.Tensor], opts: Any = None
-                                        ) -> dist.Work:
-        opts = opts or dist.ReduceScatterOptions()
-        op = "reduce_scatter_tensor_coalesced"
-        red, starts, backs = _reduce_op(opts.reduceOp), [], []
-        for output, input in zip(outputs, inputs):
-            comm, args, back = self._scatter_reduced(op, output, input, red)
-            starts.append((comm.reduce_scatter, args))
-            backs.append(back)
-        return self._run_all(op, starts, None, opts, list(outputs), _steps(backs))
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-
-    @_operation("all_to_all", _first_of_second)
-    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
-                 opts: Any = None) -> dist.Work:
-        opts = opts or dist.AllToAllOptions()
-        op = "all_to_all"
-        first = _tensors.inputs(_call.count_list(self._host, op, input_tensors,
-                                                 "input_tensor_list")[0])
-        comm, first = _call.array(self._host, op, first, output=False)
-        ins = self._arrays(op, comm, first.dtype, input_tensors, "input_tensor_list",
-                           output=False)
-        outs = self._arrays(op, comm, first.dtype, output_tensors, "output_tensor_list")
-        staging_in = _call.concatenate(ins, first)
-        staging_out = _call.empty(first, sum(out.size for out in outs))
-        return self._run(op, comm.all_to_all, (staging_in, staging_out, [a.size for a in ins],
-                                               [o.size for o in outs]), first, opts,
-                         output_tensors, _call.scatter_into(staging_out, outs),
-                         (staging_in, staging_out))
-
-    @_operation("all_to_all_single", _tensor_arg, "alltoall_base")
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
-                          output_split_sizes: List[int], input_split_sizes: List[int],
-                          opts: Any = None) -> dist.Work:
-        opts = opts or dist.AllToAllOptions()
-        op = "all_to_all_single"
-        out, back = _output(output)
-        comm, out, arr = _call.pair(self._host, op, out, _tensors.inputs(input), "output",
-                                    "input")
-        arr = _call.apart(arr, out)
-        if not output_split_sizes and not input_split_sizes:
-            if arr.size != out.size or arr.size % self.size():
-                raise self._host.error(op, f"input ({arr.size} elements) and output "
-                                           f"({out.size}) must have equal sizes divisible by "
-                                           f"the group size {self.size()}")
-            args = (arr, out, None, None)
-        else:
-            split = _call.split_counts
-            args = (arr, out, split(self._host, op, arr, input_split_sizes or None, "input"),
-                    split(self._host, op, out, output_split_sizes or None, "output"))
-        return self._run(op, comm.all_to_all, args, arr, opts, [output], back)
-
-    alltoall_base = all_to_all_single
-
-    def barrier(self, opts: Any = None) -> dist.Work:
-        opts = opts or dist.BarrierOptions()
-        return self._run("barrier", self._host.cpu.barrier, (), None, opts, [])
-
-    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """A barrier that names the ranks that did not arrive within ``timeout``."""
-        if self.size() == 1:
-            return
-        limit = timeout_seconds(timeout) or self._host.timeout
-        try:
-            _monitored_barrier_on(self._host, limit, wait_all_ranks)
-        except DistBackendError as exc:
-            raise for_torch(exc) from None
-
-    # -- point to point --------------------------------------------------------------------
-    @_operation("send", _first)
-    def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
-        t = self._one("send", tensors)
-        peer = self._peer("send", dstRank)
-        comm, arr = _call.array(self._host, "send", _tensors.inputs(t), output=False)
-        return self._p2p("send", comm.send, (arr, peer, tag), arr, peer, tensors)
-
-    @_operation("recv", _first)
-    def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int) -> dist.Work:
-        t = self._one("recv", tensors)
-        peer = self._peer("recv", srcRank)
-        arr, back = _output(t)
-        comm, arr = _call.array(self._host, "recv", arr)
-        return self._p2p("recv", comm.recv, (arr, peer, tag), arr, peer, tensors, back)
-
-    @_operation("recv", _first)
-    def recv_anysource(self, tensors: List[torch.Tensor], tag: int) -> dist.Work:
-        t = self._one("recv", tensors)
-        arr, back = _output(t)
-        comm, arr = _call.array(self._host, "recv", arr)
-        return self._p2p("recv", comm.recv, (arr, None, tag), arr, None, tensors, back)
-
-    def _p2p(self, op: str, start: Callable[..., Any], args: tuple, arr: Any,
-             peer: Optional[int], tensors: List[torch.Tensor],
-             after: Optional[Callable[[], None]] = None) -> dist.Work:
-        """Point-to-point calls have no async flag in torch (``send`` is ``isend`` plus
-        ``wait``), so they always return a PendingWork; one that does not complete at once
-        (a large or unmatched message) is also driven by the progress thread, so that
-        ``batch_isend_irecv``'s one-by-one calls and ``isend`` overlap with compute."""
-        global_peer = None if peer is None else self._host.ranks[peer]
-        try:
-            work = _launch(self._host, op, start, args, arr, True, global_peer, None, (),
-                           after)
-        except DistBackendError as exc:
-            raise for_torch(exc) from None
-        if peer is not None and work.value is None:
-            work.value = peer  # what source_rank() reports
-        pending = PendingWork(work, tensors)
-        if not pending.advance():
-            pending.share()
-        return pending
-
-    # -- helpers ---------------------------------------------------------------------------
-    def _root(self, op: str, rank: int) -> int:
-        if not 0 <= rank < self.size():
-            raise self._host.error(op, f"root rank {rank} is out of range for a group of "
-                                       f"size {self.size()}")
-        return rank
-
-    def _peer(self, op: str, rank: int) -> int:
-        self._root(op, rank)
-        if rank == self.rank():
-            raise self._host.error(op, f"peer {rank} is this rank itself; a process cannot "
-                                       f"send to or receive from itself")
-        return rank
-
-    def _arrays(self, op: str, comm: Any, dtype: Any, tensors: Sequence[torch.Tensor],
-                what: str, output: bool = True) -> List[Any]:
-        """One array per rank, same dtype, all on the CPU communicator."""
-        arrays = []
-        for index, t in enumerate(_call.count_list(self._host, op, tensors, what)):
-            raw = _view(t.contiguous()) if not output else _output_only(self._host, op, t,
-                                                                      what, index)
-            item_comm, arr = _call.array(self._host, op, raw, f"{what}[{index}]",
-                                         output=output)
-            _call.same_device(self._host, op, comm, item_comm, f"{what}[{index}]")
-            _call.same_dtype(self._host, op, dtype, arr, f"{what}[{index}]")
-            arrays.append(arr)
-        return arrays
+        def unregister_abort_hook(self, hook_id: int) -> None:
+            self._backend.unregisterAbortHook(hook_id)
 
     # -- life cycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -606,21 +187,6 @@ class ProcessGroupHPC(dist.ProcessGroup):
             self._on_shutdown()
 
     def abort(self) -> None:
-        """MPI offers no local abort of one communicator: abort the job."""
-        self._host.cpu.abort()
-
-
-def _output_only(host: HostGroup, op: str, t: torch.Tensor, what: str, index: int) -> Any:
-    """A list entry the operation writes: must be its own contiguous memory (results are
-    copied into it after the operation)."""
-    if t.is_contiguous():
-        return _view(t)
-    raise host.error(op, f"{what}[{index}] is not contiguous; pass contiguous tensors")
-
-
-def _steps(steps: Sequence[Optional[Callable[[], None]]]) -> Optional[Callable[[], None]]:
-    """One step running ``steps`` (``None`` entries skipped) in order."""
-    combined = None
-    for step in steps:
-        combined = chain(combined, step)
-    return combined
+        """Run the abort hooks, then abort the job (MPI offers no local abort of one
+        communicator)."""
+        self._backend.abort()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch.distributed as dist
 from torch.futures import Future
@@ -92,10 +92,15 @@ DONE = DoneWork([])
 class PendingWork(dist.Work):
     """An asynchronous operation in flight: hpccomm's Work behind torch's interface."""
 
-    def __init__(self, work: _HWork, outputs: List[Any]):
+    def __init__(self, work: _HWork, outputs: List[Any],
+                 on_error: Optional[Callable[[BaseException], None]] = None):
         super().__init__()
         self._work = work
         self._outputs = outputs
+        #: Told the operation's error once, when it failed (the group's error state).
+        self._on_error = on_error
+        #: The operation's profiler event, ended when it finishes (:meth:`end_with`).
+        self._record: Any = None
         self._lock = threading.Lock()  # held by the thread testing the MPI request
         self.done = False              # finished (completed or failed)
         self._shared = False           # the progress thread drives it too
@@ -150,10 +155,30 @@ class PendingWork(dist.Work):
             self.done = True
         self._settle()
 
+    def end_with(self, record: Any) -> None:
+        """End ``record`` (a profiler event, :mod:`.profiling`) when the operation
+        finishes, on the thread that finishes it; at once if it has."""
+        with self._lock:
+            if not self.done:
+                self._record = record
+                return
+        record.end()
+
     def _settle(self) -> None:
-        """Complete the future, if one was handed out, exactly once. (get_future() makes
+        """Once finished: end the profiler event, report a failure to the group, and
+        complete the future, if one was handed out, exactly once. (get_future() makes
         the future before it checks ``done``, and the completing thread sets ``done``
         before it calls this, so one of the two always sees both.)"""
+        record = self._record
+        if record is not None:
+            self._record = None
+            record.end()  # ends once, whichever thread gets here first
+        if self._on_error is not None:
+            error = self._work.exception()
+            if error is not None:
+                report, self._on_error = self._on_error, None
+                if report is not None:
+                    report(error)
         if self._future is None:
             return
         with self._lock:

@@ -59,14 +59,21 @@ def timeouts():
     def monitored(group):
         hpccomm.torch.monitored_barrier(group, timeout=datetime.timedelta(seconds=0.5))
 
+    hooks = hasattr(dist.ProcessGroup, "register_abort_hook")  # torch 2.14
     for group, case in zip(groups, (sync_all_reduce, future_wait, work_wait_timeout,
                                     barrier_opts_timeout, monitored)):
+        aborted = []
+        if hooks:
+            group.register_abort_hook(7, lambda: aborted.append(1))
         started = time.monotonic()
         try:
             case(group)
         except Exception as exc:  # noqa: BLE001 - the type is what the test checks
+            state = (f"aborted={len(aborted)} "
+                     f"state={group._get_backend(torch.device('cpu')).get_error().name} "
+                     if hooks else "")
             say(rank, f"case={case.__name__}", f"elapsed={time.monotonic() - started:.2f}",
-                f"backend_error={isinstance(exc, dist.DistBackendError)}", one_line(exc))
+                f"backend_error={isinstance(exc, dist.DistBackendError)}", state + one_line(exc))
         else:
             say(rank, f"case={case.__name__}", "no error")
     dist.destroy_process_group()
@@ -170,8 +177,32 @@ def thread_serialized():
     dist.destroy_process_group()
 
 
+def debug_detail():
+    """torch's TORCH_DISTRIBUTED_DEBUG=DETAIL (the job sets it), on each name of the
+    backend: groups are made, operate and are destroyed as at any level."""
+    for name in ("mpi", "hpccomm", "cpu:hpccomm,cuda:nccl"):
+        if name == "mpi":
+            dist.init_process_group("mpi", timeout=TIMEOUT)
+        else:
+            dist.init_process_group(name, init_method="mpi://", timeout=TIMEOUT)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        assert dist.get_debug_level() == dist.DebugLevel.DETAIL
+        x = torch.ones(3)
+        dist.all_reduce(x)
+        assert x.tolist() == [float(world)] * 3
+        pair = dist.new_group([0, 1])
+        dist.all_reduce(x, group=pair)
+        send, recv = torch.full((2,), float(rank)), torch.empty(2)
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % world),
+                                            dist.P2POp(dist.irecv, recv, (rank - 1) % world)]):
+            work.wait()
+        assert recv.tolist() == [float((rank - 1) % world)] * 2
+        dist.destroy_process_group()
+        say(rank, f"backend={name}", "ok=1")
+
+
 CASES = {f.__name__: f for f in (timeouts, env_init, mixed_backend, reinit,
-                                  wrong_world_size, thread_serialized)}
+                                  wrong_world_size, thread_serialized, debug_detail)}
 
 if __name__ == "__main__":
     CASES[sys.argv[1]]()

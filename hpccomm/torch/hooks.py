@@ -1,0 +1,146 @@
+"""torch's hooks on hpccomm groups: pre/post collective hooks, abort hooks, the error state.
+
+torch 2.14 lets code watch a process group: ``register_pre_hook(hook_id, hook)`` and
+``register_post_hook`` run around every operation the group issues (torch fires them in
+its C++ dispatcher, which hpccomm's Python groups do not go through, so hpccomm fires
+them itself, with the same ``PreHookArgs``/``PostHookArgs``); ``register_abort_hook``
+runs before the group gives up after a timeout or a failed operation; a backend's
+``get_error()`` says what went wrong last. :class:`GroupState` keeps all of it for one
+group, shared by the group and the c10d backend registered on it.
+
+Hooks are registered at set-up, not while operations run (as torch asks). With none
+registered an operation pays one attribute test.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch._C._distributed_c10d as _c10d
+
+from .. import errors
+
+logger = logging.getLogger("hpccomm")
+
+_NAMES = getattr(_c10d, "HookOpName", None)
+
+#: torch's hook name of each of hpccomm's operations.
+HOOK_OPS: Dict[str, str] = {
+    "all_reduce": "ALLREDUCE", "all_reduce_coalesced": "ALLREDUCE",
+    "broadcast": "BROADCAST", "reduce": "REDUCE",
+    "all_gather": "ALLGATHER", "all_gather_coalesced": "ALLGATHER",
+    "all_gather_into_tensor": "ALLGATHER", "all_gather_into_tensor_coalesced": "ALLGATHER",
+    "gather": "GATHER", "gather_single": "GATHER", "scatter": "SCATTER",
+    "reduce_scatter": "REDUCE_SCATTER", "reduce_scatter_tensor": "REDUCE_SCATTER",
+    "reduce_scatter_tensor_coalesced": "REDUCE_SCATTER",
+    "all_to_all": "ALLTOALL", "all_to_all_single": "ALLTOALL",
+    "barrier": "BARRIER", "send": "SEND", "recv": "RECV", "recv_anysource": "RECV"}
+
+#: ``get_error()``'s answer after each kind of failure (torch's ``ErrorType`` names).
+SUCCESS, TIMEOUT, COMM_ERROR, REMOTE_ERROR = "SUCCESS", "TIMEOUT", "COMM_ERROR", "REMOTE_ERROR"
+
+
+def error_kind(exc: BaseException) -> Optional[str]:
+    """The ``ErrorType`` name an operation's error leaves on its group; ``None`` for a
+    mistake in the call itself (bad arguments leave the group as it was)."""
+    if isinstance(exc, errors.ProcessFailedError):
+        return REMOTE_ERROR
+    if isinstance(exc, errors.DistTimeoutError):
+        return TIMEOUT
+    if isinstance(exc, errors.DistBackendError):
+        return COMM_ERROR
+    return None
+
+
+class Watch:
+    """The pre/post hooks of one group (exists while at least one is registered)."""
+
+    def __init__(self) -> None:
+        self.pre: Dict[int, Callable[[Any], None]] = {}
+        self.post: Dict[int, Callable[[Any], None]] = {}
+        self._ids = itertools.count()
+
+    def before(self, op: str, async_op: bool, root: int, inputs: Sequence[Any],
+               outputs: Sequence[Any]) -> int:
+        """Run the pre-hooks for ``op``; the id that pairs them with the post-hooks."""
+        op_id = next(self._ids)
+        if self.pre:
+            args = _c10d.PreHookArgs()
+            args.name = _hook_name(op)
+            args.async_op = async_op
+            args.input_tensors = list(inputs)
+            args.output_tensors = list(outputs)
+            args.root = root
+            args.op_id = op_id
+            for hook in list(self.pre.values()):
+                hook(args)
+        return op_id
+
+    def after(self, op: str, async_op: bool, op_id: int, work: Any) -> None:
+        """Run the post-hooks of the operation ``before`` numbered ``op_id``."""
+        if not self.post:
+            return
+        args = _c10d.PostHookArgs()
+        args.name = _hook_name(op)
+        args.async_op = async_op
+        args.op_id = op_id
+        if work is not None:
+            args.work = work
+        for hook in list(self.post.values()):
+            hook(args)
+
+
+def _hook_name(op: str) -> Any:
+    return getattr(_NAMES, HOOK_OPS.get(op, "UNKNOWN"))
+
+
+class GroupState:
+    """What a group and its c10d backend share: the backend name torch reports, the
+    hooks, and the last error."""
+
+    def __init__(self, backend_name: str = "hpccomm") -> None:
+        #: ``"mpi"`` when the group was asked for under torch's name for MPI.
+        self.backend_name = backend_name
+        #: The pre/post hooks, ``None`` while none is registered (the operations' test).
+        self.watch: Optional[Watch] = None
+        self.abort_hooks: Dict[int, Callable[[], None]] = {}
+        self.error = SUCCESS
+
+    # -- pre/post hooks -----------------------------------------------------------------
+    def register(self, kind: str, hook_id: int, hook: Callable[[Any], None]) -> None:
+        if self.watch is None:
+            self.watch = Watch()
+        getattr(self.watch, kind)[int(hook_id)] = hook
+
+    def unregister(self, kind: str, hook_id: int) -> None:
+        if self.watch is None:
+            return
+        getattr(self.watch, kind).pop(int(hook_id), None)
+        if not self.watch.pre and not self.watch.post:
+            self.watch = None
+
+    # -- failures -------------------------------------------------------------------------
+    def failed(self, exc: BaseException) -> None:
+        """An operation of the group raised ``exc``: remember what kind of failure it was
+        and, at the first one, run the abort hooks (the group is unusable from here)."""
+        kind = error_kind(exc)
+        if kind is None:
+            return
+        first = self.error == SUCCESS
+        self.error = kind
+        if first:
+            self.run_abort_hooks()
+
+    def run_abort_hooks(self) -> None:
+        """Run every abort hook once; one that raises is logged, the others still run."""
+        hooks: List[Callable[[], None]] = list(self.abort_hooks.values())
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # the failure being reported matters more than the hook's
+                logger.exception("hpccomm.torch: an abort hook raised")
+
+    def error_type(self) -> Any:
+        """torch's ``ErrorType`` for :attr:`error`."""
+        return getattr(_c10d.ErrorType, self.error)

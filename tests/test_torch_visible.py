@@ -1,0 +1,185 @@
+"""What torch's own tools see of an hpccomm group, on torch 2.13 and 2.14.
+
+torch's code asks a group for the backend of a device (batched point-to-point calls,
+object collectives, ``get_backend_impl``), records every operation in its profiler as
+``"<backend>:<op>"``, and on 2.14 fires pre/post hooks around operations, abort hooks
+before a group gives up, and reads ``get_error()``. Each of these is checked here on
+groups made under both names the backend answers to. Runs in the MPI sessions of the
+suite (2 and 4 ranks); the abort hooks after a real timeout are in
+``tests/test_torch_launch.py`` (a timed-out group is unusable, so its own job).
+"""
+import datetime
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install "
+                                            "'hpccomm[torch]'); the torch backend is untested")
+dist = pytest.importorskip("torch.distributed")
+hpccomm_torch = pytest.importorskip("hpccomm.torch")
+from hpccomm.torch import versions  # noqa: E402
+
+from test_torch_collectives import TIMEOUT, close  # noqa: E402
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+CPU = torch.device("cpu")
+needs_214 = pytest.mark.skipif(not versions.collective_hooks(),
+                               reason="torch 2.14 feature (this is torch "
+                                      f"{torch.__version__})")
+
+
+@pytest.fixture(scope="module", params=["hpccomm", "mpi"])
+def world(request):
+    """torch's default group on each name of the backend."""
+    if request.param == "mpi":
+        dist.init_process_group("mpi", timeout=TIMEOUT)
+    else:
+        dist.init_process_group("hpccomm", init_method="mpi://", timeout=TIMEOUT)
+    yield request.param
+    dist.destroy_process_group()
+
+
+def group():
+    return dist.distributed_c10d._get_default_group()
+
+
+# -- the backend of a device --------------------------------------------------------------------
+def test_group_reports_its_cpu_backend(world):
+    pg = group()
+    backend = pg._get_backend(CPU)
+    assert isinstance(backend, hpccomm_torch.BackendHPC)
+    assert backend.name() == world and pg.name() == world
+    assert backend.rank() == dist.get_rank() and backend.size() == dist.get_world_size()
+    assert backend.supports_coalescing is False and backend.supports_splitting is False
+    assert pg._device_types == [CPU]
+    if versions.python_backends():  # torch itself holds it: C++ callers find it too
+        assert isinstance(backend, torch._C._distributed_c10d.Backend)
+        assert dist.get_backend_impl() is backend
+    with pytest.raises(RuntimeError, match="No backend type associated with device type "
+                                           "cuda"):
+        pg._get_backend(torch.device("cuda"))
+
+
+def test_the_backend_runs_operations_itself(world):
+    """What torch's code may call on the backend it got runs like the group's own."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    backend = group()._get_backend(CPU)
+    x = torch.full((3,), float(rank + 1))
+    backend.allreduce([x], dist.AllreduceOptions()).wait()
+    close(x, torch.full((3,), float(size * (size + 1) // 2)))
+    out = torch.zeros(size * 2)
+    backend._allgather_base(out, torch.full((2,), float(rank))).wait()  # no options: defaults
+    close(out, torch.arange(size).repeat_interleave(2).float())
+
+
+def test_batched_p2p_and_object_p2p(world):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    send, recv = torch.full((4,), float(rank)), torch.zeros(4)
+    ops = [dist.P2POp(dist.isend, send, (rank + 1) % size),
+           dist.P2POp(dist.irecv, recv, (rank - 1) % size)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    close(recv, torch.full((4,), float((rank - 1) % size)))
+    objects = [None]
+    if rank == 0:
+        dist.send_object_list([{"from": 0, "world": world}], dst=1)
+    elif rank == 1:
+        dist.recv_object_list(objects, src=0)
+        assert objects == [{"from": 0, "world": world}]
+
+
+@needs_214
+def test_gather_single_and_set_timeout(world):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = torch.full((2,), float(rank))
+    out = torch.zeros(size * 2) if rank == size - 1 else None
+    dist.gather_single(x, out, dst=size - 1)
+    if rank == size - 1:
+        close(out, torch.arange(size).repeat_interleave(2).float())
+    host = group().host_group
+    dist.set_timeout(datetime.timedelta(seconds=7))
+    assert host.timeout == 7
+    dist.set_timeout(TIMEOUT)
+    assert host.timeout == TIMEOUT.total_seconds()
+
+
+# -- the profiler ---------------------------------------------------------------------------------
+def events(prof, backend):
+    found = prof.events() if isinstance(prof, torch.profiler.profile) else prof.function_events
+    return [e for e in found if e.name.startswith(f"{backend}:")]
+
+
+@pytest.mark.parametrize("make", ["torch.profiler", "autograd"])
+def test_every_operation_is_one_async_profiler_event(world, make):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(3, 2)
+    profiler = (torch.profiler.profile() if make == "torch.profiler"
+                else torch.autograd.profiler.profile(record_shapes=True))
+    with profiler as prof:
+        dist.all_reduce(x)
+        dist.all_reduce(x, async_op=True).wait()
+        dist.broadcast(x, src=0)
+        dist.all_gather_into_tensor(torch.zeros(size * 6), x.view(-1))
+        dist.barrier()
+        peer = rank ^ 1
+        if peer < size:
+            if rank % 2 == 0:
+                dist.send(x, peer)
+            else:
+                dist.recv(x, peer)
+    found = events(prof, world)
+    names = [e.name for e in found]
+    assert names.count(f"{world}:all_reduce") == 2, names
+    for name in ("broadcast", "all_gather_into_tensor", "barrier"):
+        assert names.count(f"{world}:{name}") == 1, names
+    if rank ^ 1 < size:
+        assert names.count(f"{world}:{'send' if rank % 2 == 0 else 'recv'}") == 1, names
+    for event in found:
+        assert event.is_async, event
+        if make == "autograd" and event.name.endswith(("all_reduce", "broadcast", "send",
+                                                        "recv")):
+            assert event.input_shapes == [[3, 2]], (event.name, event.input_shapes)
+
+
+def test_nothing_is_recorded_without_a_profiler(world, monkeypatch):
+    from hpccomm.torch import profiling
+
+    def refuse(*args):
+        raise AssertionError("a profiler event was started with no profiler running")
+    monkeypatch.setattr(profiling, "_enter", refuse)
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    dist.all_reduce(x, async_op=True).wait()
+    dist.broadcast(x, src=0)
+
+
+# -- hooks (torch 2.14) ---------------------------------------------------------------------------
+@needs_214
+def test_pre_and_post_hooks_fire_around_each_operation(world):
+    pg, seen = group(), []
+    hook_op = torch._C._distributed_c10d.HookOpName
+    pg.register_pre_hook(1, lambda args: seen.append(("pre", args.name, args.op_id,
+                                                      args.async_op, args.root)))
+    pg.register_post_hook(1, lambda args: seen.append(("post", args.name, args.op_id,
+                                                       args.async_op)))
+    try:
+        x = torch.ones(2)
+        dist.all_reduce(x)
+        dist.broadcast(x, src=dist.get_world_size() - 1, async_op=True).wait()
+    finally:
+        pg.unregister_pre_hook(1)
+        pg.unregister_post_hook(1)
+    dist.all_reduce(x)  # none after unregistering
+    assert [entry[:2] for entry in seen] == [
+        ("pre", hook_op.ALLREDUCE), ("post", hook_op.ALLREDUCE),
+        ("pre", hook_op.BROADCAST), ("post", hook_op.BROADCAST)], seen
+    assert seen[0][2] == seen[1][2] and seen[2][2] == seen[3][2] != seen[0][2]
+    assert seen[2][3] is True and seen[2][4] == dist.get_world_size() - 1
+
+
+@needs_214
+def test_error_state_starts_clean_and_abort_hooks_register(world):
+    backend = group()._get_backend(CPU)
+    assert backend.get_error() == torch._C._distributed_c10d.ErrorType.SUCCESS
+    group().register_abort_hook(5, lambda: None)
+    group().unregister_abort_hook(5)
