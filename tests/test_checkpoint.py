@@ -7,6 +7,7 @@ and load at 1, 2, 4 and 8, and to kill a save half-way.
 import glob
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -100,6 +101,13 @@ SAVED = {name: spec[2] for name, spec in SPECS.items()}
 
 
 # -- script mode (run under mpiexec by the serial tests) -------------------------------------
+def report(line):
+    """One line of this rank's, in one write (the launcher may still splice two ranks'
+    lines: helpers.result_lines reads them apart)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def script(mode, path):
     import hpccomm as dist
     from hpccomm import checkpoint
@@ -126,6 +134,25 @@ def script(mode, path):
         state = build(rank, size, SAVED, version=2)
         state["big"] = checkpoint.Shard(np.ones((1 << 20,), dtype=np.float64))
         checkpoint.save(state, path)
+    elif mode == "save-expect-error":  # every rank reports the error it got
+        try:
+            checkpoint.save(build(rank, size, SAVED), path)
+        except checkpoint.CheckpointError as exc:
+            kind = "DistValueError" if isinstance(exc, dist.DistValueError) else "other"
+            report(f"RESULT rank={rank} kind={kind} error={exc}")
+        else:
+            raise AssertionError(f"{path} saved")
+    elif mode == "no-h5py":  # as if h5py were not installed
+        sys.modules["h5py"] = None  # ``import h5py`` now raises ModuleNotFoundError
+        for name, call in (("save", checkpoint.save), ("load", checkpoint.load)):
+            try:
+                call(build(rank, size, SAVED), path)
+            except ImportError as exc:
+                kind = "ModuleNotFoundError" if isinstance(exc, ModuleNotFoundError) else \
+                    type(exc).__name__
+                report(f"RESULT rank={rank} call={name} kind={kind} error={exc}")
+            else:
+                raise AssertionError(f"{name} ran without h5py")
     elif mode == "expect-error":
         try:
             checkpoint.load(build(rank, size, SAVED, fill=0), path)
@@ -197,6 +224,45 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path):
     run_script(1, "load-same", path)  # the previous checkpoint, version 1, intact
     out = run_script(1, "expect-error", leftovers[0])
     assert "incomplete" in out or "not a readable HDF5 file" in out
+
+
+def test_save_creates_missing_folders(tmp_path):
+    """``save(state, "run/deep/ckpt.h5")`` from a fresh directory, at 2 ranks."""
+    job = run_job([sys.executable, __file__, "save", "run/deep/ckpt.h5"], 2, limit=180,
+                  cwd=tmp_path)
+    assert job.code == 0, job.output
+    assert job.stdout.count("OK save") == 2, job.output
+    assert os.listdir(tmp_path / "run" / "deep") == ["ckpt.h5"]
+    run_script(1, "load-same", str(tmp_path / "run" / "deep" / "ckpt.h5"))
+
+
+def test_save_names_the_folder_it_cannot_create_on_every_rank(tmp_path):
+    blocker = tmp_path / "blocked"
+    blocker.write_text("a file where the checkpoint's folder should be\n")
+    folder = blocker / "sub"
+    job = run_job([sys.executable, __file__, "save-expect-error", str(folder / "ckpt.h5")], 2,
+                  limit=180)
+    assert job.code == 0, job.output
+    assert sorted((rank, seen["kind"]) for rank, seen in job.results) == [
+        (0, "DistValueError"), (1, "DistValueError")], job.output
+    for _, seen in job.results:
+        assert f"cannot create the folder '{folder}'" in seen["error"], seen
+        assert "(on rank 0 of group" in seen["error"], seen
+        assert f"'{blocker}' is in the way" in seen["error"], seen
+    assert "Traceback" not in job.output and "Unable to" not in job.output, job.output
+    assert blocker.read_text().startswith("a file") and os.listdir(tmp_path) == ["blocked"]
+
+
+def test_missing_h5py_says_what_to_install(tmp_path):
+    path = str(tmp_path / "ckpt.h5")
+    job = run_job([sys.executable, __file__, "no-h5py", path], 2, limit=120)
+    assert job.code == 0, job.output
+    assert sorted((rank, seen["call"], seen["kind"]) for rank, seen in job.results) == [
+        (0, "load", "ModuleNotFoundError"), (0, "save", "ModuleNotFoundError"),
+        (1, "load", "ModuleNotFoundError"), (1, "save", "ModuleNotFoundError")], job.output
+    for _, seen in job.results:
+        assert seen["error"].endswith("install it with: pip install 'hpccomm[ckpt]'"), seen
+    assert not os.listdir(tmp_path)
 
 
 def test_runs_place_slices_like_numpy():
@@ -413,9 +479,14 @@ def test_state_mismatches_are_reported(dist, rank, size, tmp_path_factory):
     frozen.flags.writeable = False
     with pytest.raises(checkpoint.CheckpointError, match="read-only"):
         checkpoint.load({"a": frozen}, path)
-    missing_dir = os.path.join(os.path.dirname(path), "no", "such", "dir", "x.h5")
-    with pytest.raises(checkpoint.CheckpointError, match="creating .*rank 0: "):
-        checkpoint.save({"a": np.zeros(2)}, missing_dir)
+    nested = os.path.join(os.path.dirname(path), "no", "such", "dir", "x.h5")
+    checkpoint.save({"a": np.zeros(2)}, nested)  # rank 0 creates the folders
+    assert os.path.isfile(nested)
+    under_a_file = os.path.join(path, "x.h5")  # path is a file, not a folder
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=f"cannot create the folder {re.escape(repr(path))}.*on rank 0 "
+                             f".*in the way"):
+        checkpoint.save({"a": np.zeros(2)}, under_a_file)
     restored = np.zeros((4, 2))
     checkpoint.load({"a": restored}, path)  # the group is still usable after the errors
     assert not restored.any()

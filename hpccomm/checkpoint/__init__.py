@@ -3,8 +3,9 @@
 ``save(state, path)`` writes a state dict (nested dicts of NumPy arrays) collectively:
 plain arrays are replicated, ``Shard(local, axis)`` marks this rank's slice of a global
 array. ``load(state, path)`` fills the given arrays in place on any number of ranks and
-any placement, reading only the needed slices. Needs h5py (``pip install hpccomm[ckpt]``);
-``import hpccomm`` does not import this package. See ``docs/checkpoint.md``.
+any placement, reading only the needed slices. Needs h5py
+(``pip install 'hpccomm[ckpt]'``); ``import hpccomm`` does not import this package. See
+``docs/checkpoint.md``.
 """
 from .layout import FORMAT, FORMAT_VERSION, CheckpointError
 from .reader import load

@@ -20,6 +20,8 @@ from ..errors import DistValueError
 
 FORMAT = "hpccomm.checkpoint"
 FORMAT_VERSION = 1
+#: How to install what checkpoints need (h5py).
+INSTALL = "pip install 'hpccomm[ckpt]'"
 
 
 class CheckpointError(DistValueError):
@@ -42,6 +44,21 @@ class Entry:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def require_h5py() -> Any:
+    """The h5py module, or an ImportError that says how to install it.
+
+    A missing h5py gives a ``ModuleNotFoundError``; an h5py that is installed but fails
+    to import (a broken HDF5 library) an ``ImportError`` that keeps h5py's own reason.
+    """
+    try:
+        import h5py
+    except ImportError as exc:
+        kind = ModuleNotFoundError if isinstance(exc, ModuleNotFoundError) else ImportError
+        raise kind(f"hpccomm.checkpoint needs h5py, which cannot be imported here ({exc}); "
+                   f"install it with: {INSTALL}", name="h5py") from None
+    return h5py
 
 
 def runs(base: int, shape: Sequence[int], itemsize: int, axis: int, start: int,

@@ -27,9 +27,11 @@ def load(state: Dict[str, Any], path: str, *, group: GroupLike = None) -> None:
     Collective over ``group`` (default: the world); rank 0's ``path`` is used. Each entry
     must exist in the checkpoint with the same dtype and global shape; entries of the file
     that ``state`` lacks are ignored. Raises :class:`CheckpointError` on every rank for a
-    missing, foreign, truncated or incomplete file or a mismatching state.
+    missing, foreign, truncated or incomplete file or a mismatching state, and ImportError
+    if h5py is missing.
     """
     what = "hpccomm.checkpoint.load"
+    layout.require_h5py()  # before any communication, so every rank stops here alike
     pg = resolve(group, "checkpoint.load")
     leaves, wanted = agree(pg, state, what)
     found: List[Any] = [None, None, None]

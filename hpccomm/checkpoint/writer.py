@@ -1,6 +1,7 @@
 """``save``: every rank writes its slices into one HDF5 file, committed by an atomic rename.
 
 Steps: the ranks agree on the global arrays (one ``all_gather_object``); rank 0 creates
+``path``'s missing folders (and tells the others if it cannot), then
 ``.<name>.tmp-<id>`` next to ``path`` with every dataset allocated; the ranks write their
 bytes; rank 0 sets ``complete``, fsyncs, renames the file to ``path`` and fsyncs the
 directory. A failure or crash before the rename leaves ``path`` (an older checkpoint, if
@@ -35,9 +36,11 @@ def save(state: Dict[str, Any], path: str, *, group: GroupLike = None) -> None:
     Collective over ``group`` (default: the world); rank 0's ``path`` is used. Plain arrays
     are replicated (rank 0's or another rank's copy is written once); a :class:`Shard` is
     this rank's slice, placed after the lower group ranks' slices. Overwrites ``path``
-    atomically. Raises :class:`CheckpointError` on every rank if any rank fails.
+    atomically; rank 0 creates its missing folders first. Raises :class:`CheckpointError`
+    on every rank if any rank fails, and ImportError if h5py is missing.
     """
     what = "hpccomm.checkpoint.save"
+    layout.require_h5py()  # before any communication, so every rank stops here alike
     pg = resolve(group, "checkpoint.save")
     leaves, entries = agree(pg, state, what)
     writers = _writers(entries, pg.size())
@@ -45,10 +48,16 @@ def save(state: Dict[str, Any], path: str, *, group: GroupLike = None) -> None:
     if pg.rank() == 0:
         final = os.path.abspath(os.fspath(path))
         folder, base = os.path.split(final)
+        problem = _make_folder(folder)
+        if problem:
+            problem = (f"{what}: cannot create the folder {folder!r} for {final!r} (on rank 0 "
+                       f"of group '{pg.group_name}'): {problem}")
         target[0] = (final, os.path.join(folder, f".{base}.tmp-{uuid.uuid4().hex[:12]}"),
-                     time.time())
+                     time.time(), problem)
     broadcast_object_list(target, group_src=0, group=pg)
-    final, tmp, created = target[0]
+    final, tmp, created, problem = target[0]
+    if problem:  # rank 0's outcome, so that every rank raises the same error
+        raise CheckpointError(problem)
     if _use_mpio() and pg.size() > 1:
         failure: Optional[BaseException] = None
         try:
@@ -73,6 +82,24 @@ def save(state: Dict[str, Any], path: str, *, group: GroupLike = None) -> None:
             error = exc
             _remove(tmp)
     raise_agreed(pg, error, f"{what} to {final!r}")
+
+
+def _make_folder(folder: str) -> Optional[str]:
+    """Create ``folder`` and its missing parents, as ``mkdir -p``; why not, where it fails.
+
+    Rank 0 alone creates it, before the others touch the folder: they open the file rank
+    0 created in it only after hearing from rank 0 again.
+    """
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return None
+    except OSError as exc:
+        blocker = folder
+        while not os.path.lexists(blocker) and os.path.dirname(blocker) != blocker:
+            blocker = os.path.dirname(blocker)
+        if os.path.lexists(blocker) and not os.path.isdir(blocker):
+            return f"{blocker!r} is in the way: it exists and is not a folder"
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _use_mpio() -> bool:
