@@ -270,12 +270,22 @@ def test_auto_picks_srun_inside_an_allocation(tmp_path):
     assert launch.srun_mpi_plugin({"HPCCOMM_SRUN_MPI": ""}) is None
 
 
+def one_line(result, code=2):
+    """The one line a refused command printed to stderr (nothing else, nothing to stdout)."""
+    assert result.code == code, result.output
+    assert result.stdout == "" and "Traceback" not in result.stderr, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
 def test_run_errors_are_reported():
-    no_n = hpccomm("run", "script.py")
-    assert no_n.code == 2 and "give the number of processes with -n" in no_n.stderr
+    assert one_line(hpccomm("run", "script.py")) == \
+        "hpccomm run: give the number of processes with -n N"
     no_srun = hpccomm("run", "--launcher", "srun", "-n", "2", "x.py", timeout=60,
                       env={"PATH": "/nonexistent"})
-    assert no_srun.code == 2 and "srun is not on PATH" in no_srun.stderr
+    line = one_line(no_srun)
+    assert line.startswith("hpccomm run: --launcher srun: srun is not on PATH"), line
     with pytest.raises(launch.LaunchError, match="at least 1"):
         launch.build_command(["x.py"], nprocs=0, launcher="mpiexec")
 

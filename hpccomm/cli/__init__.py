@@ -155,7 +155,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         os.execv(command[0], command)
     except OSError as exc:
-        print(f"hpccomm run: cannot start {command[0]}: {exc}", file=sys.stderr)
+        print(f"hpccomm {args.command}: cannot start {command[0]}: {exc}", file=sys.stderr)
         return 127
     return 0  # not reached: execv replaced this process
 

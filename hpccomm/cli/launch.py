@@ -128,7 +128,7 @@ def build_command(target: Sequence[str], nprocs: Optional[int] = None, launcher:
                  *(["--torch"] if torch else []), *target]
     if kind == "mpiexec":
         if nprocs is None:
-            raise LaunchError("hpccomm run: give the number of processes with -n N")
+            raise LaunchError("give the number of processes with -n N")
         return [find_mpiexec(env), "-n", str(nprocs), *launcher_args, *bootstrap]
     command = [find_srun(env), "--kill-on-bad-exit=1"]
     plugin = srun_mpi_plugin(env)
