@@ -286,6 +286,10 @@ def test_run_errors_are_reported():
                       env={"PATH": "/nonexistent"})
     line = one_line(no_srun)
     assert line.startswith("hpccomm run: --launcher srun: srun is not on PATH"), line
+    for n, args in (("0", ["run", "-n", "0", "x.py"]),
+                    ("-1", ["run", "--dry-run", "-n", "-1", "x.py"]),
+                    ("0", ["bench", "-n", "0"]), ("0", ["bench", "--explain", "-n", "0"])):
+        assert one_line(hpccomm(*args)) == f"hpccomm {args[0]}: -n must be at least 1, got {n}"
     with pytest.raises(launch.LaunchError, match="at least 1"):
         launch.build_command(["x.py"], nprocs=0, launcher="mpiexec")
 
@@ -496,6 +500,20 @@ def test_console_script_is_declared_and_works():
     result = subprocess.run([str(script), "run", "--dry-run", "-n", "2", "a.py"],
                             capture_output=True, text=True, timeout=60, env=_env())
     assert result.returncode == 0 and "hpccomm.cli.rank_env a.py" in result.stdout
+
+
+def test_bench_at_one_rank_explains_and_refuses_to_measure():
+    out = hpccomm("bench", "--explain", "-n", "1", "--ops", "all", "--sizes", "8,2M",
+                  timeout=60)
+    assert out.code == 0 and "Traceback" not in out.output, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("paths at 1 rank on one node"), out.stdout
+    assert len(lines) == 2 + 6 * 2, out.stdout  # header, then every operation and size
+    assert all(line.endswith("a group of one rank communicates nothing (MPI's own call)")
+               for line in lines[2:]), out.stdout
+    assert one_line(hpccomm("bench", "-n", "1")) == ("hpccomm bench: measuring needs at "
+                                                     "least 2 ranks, got -n 1 (--explain "
+                                                     "takes any -n)")
 
 
 def test_bench_explain_prints_a_path_and_a_reason_for_every_size():

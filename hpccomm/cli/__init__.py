@@ -128,21 +128,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import info
 
         return info.main(as_json=args.json, mpi=not args.no_mpi)
+
+    def refuse(problem: str) -> int:  # one line and status 2, as argparse's errors
+        print(f"hpccomm {args.command}: {problem}", file=sys.stderr)
+        return 2
+    if args.nproc is not None and args.nproc < 1:
+        return refuse(f"-n must be at least 1, got {args.nproc}")
     if args.command == "bench":
         from . import bench
 
         try:
             bench.options(args)  # a bad --ops/--sizes fails here, not on every rank
         except Exception as exc:
-            print(f"hpccomm bench: {exc}", file=sys.stderr)
-            return 2
+            return refuse(str(exc))
         if args.explain:
             return _explain(args)
+        if args.nproc < 2:
+            return refuse(f"measuring needs at least 2 ranks, got -n {args.nproc} "
+                          f"(--explain takes any -n)")
     try:
         command = run_command(args)
     except launch.LaunchError as exc:
-        print(f"hpccomm {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return refuse(str(exc))
     if args.command == "bench" and not args.no_serialized:
         return _bench(args)
     if args.dry_run:

@@ -42,6 +42,8 @@ def path(op: str, nbytes: int, n: int, vendor: str, crowded: bool = False,
          kernel: bool = True) -> Path:
     """The path of ``op`` (an nccl-tests name) on ``nbytes`` at ``n`` ranks of one node
     with the MPI library ``vendor`` (``MPI.get_vendor()[0]``), and why."""
+    if n < 2:  # a group of one rank gets no shared memory (cpu_communicator)
+        return Path("MPI", "a group of one rank communicates nothing (MPI's own call)")
     if op not in OPERATIONS:
         return Path("MPI", "point-to-point goes through MPI")
     code, ring_name = OPERATIONS[op]
@@ -86,7 +88,7 @@ def path(op: str, nbytes: int, n: int, vendor: str, crowded: bool = False,
 def explain(cases: Sequence[Tuple[str, int]], n: int, vendor: str, crowded: bool = False,
             kernel: bool = True) -> str:
     """A table of :func:`path` for every ``(operation, bytes)`` of ``cases``."""
-    lines = [f"paths at {n} ranks on one node ({vendor}"
+    lines = [f"paths at {n} rank{'s' if n != 1 else ''} on one node ({vendor}"
              f"{', more ranks than CPUs' if crowded else ''}), as hpccomm chooses them:",
              f"{'operation':<24}{'size':>9}  {'path':<20}why"]
     for op, nbytes in cases:
