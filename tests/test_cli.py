@@ -294,6 +294,62 @@ def test_run_errors_are_reported():
         launch.build_command(["x.py"], nprocs=0, launcher="mpiexec")
 
 
+def test_run_refuses_a_missing_target_before_starting_ranks(tmp_path):
+    """Like ``python trian.py``: one line and status 2, no job started."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    line = one_line(hpccomm("run", "-n", "2", "trian.py", cwd=tmp_path))
+    assert line == (f"hpccomm run: can't open file '{tmp_path / 'trian.py'}': [Errno 2] No "
+                    f"such file or directory")
+    assert one_line(hpccomm("run", "-n", "2", "-m", "trian", cwd=tmp_path)) == \
+        "hpccomm run: No module named 'trian'"
+    assert one_line(hpccomm("run", "-n", "2", "-m", "pkg.trian", cwd=tmp_path)) == \
+        "hpccomm run: No module named 'pkg.trian'"
+    assert one_line(hpccomm("run", "-n", "2", str(tmp_path / "pkg"))) == \
+        f"hpccomm run: can't find '__main__' module in '{tmp_path / 'pkg'}'"
+
+
+def test_run_finds_a_module_as_the_ranks_do_without_importing_it(tmp_path):
+    """``-m pkg.show`` from the current folder (no PYTHONPATH) is found, and only the ranks
+    run ``pkg/__init__.py``: each writes the RANK it sees (the launcher's would be
+    ``launcher``)."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text(
+        "import os\nwith open(os.path.join(os.path.dirname(__file__), '..', 'inits'), 'a') as f:"
+        "\n    f.write(os.environ.get('RANK', '?') + '\\n')\n")
+    (tmp_path / "pkg" / "show.py").write_text(ENV_SCRIPT)
+    result = hpccomm("run", "-n", "2", "-m", "pkg.show", cwd=tmp_path,
+                     env={"RANK": "launcher"})
+    assert result.code == 0, result.output
+    assert result.stdout.count("ENV ") == 2, result.output
+    assert sorted((tmp_path / "inits").read_text().split()) == ["0", "1"]
+
+
+def test_target_problem_judges_as_python_would(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text("")
+    (tmp_path / "boom").mkdir()
+    (tmp_path / "boom" / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (tmp_path / "boom" / "sub.py").write_text("")
+    (tmp_path / "train.py").write_text("")
+    cwd = str(tmp_path)
+    assert launch.target_problem("train.py", cwd=cwd) is None
+    assert launch.target_problem("app", cwd=cwd) is None  # a folder with __main__.py
+    assert launch.target_problem("boom.sub", module=True, cwd=cwd) is None  # not run here
+    assert "boom" not in sys.modules
+    assert launch.target_problem("boom.gone", module=True, cwd=cwd) == \
+        "No module named 'boom.gone'"
+    assert launch.target_problem("hpccomm.cli.launch", module=True, cwd=cwd) is None
+    assert launch.target_problem("json.tool", module=True, cwd=cwd) is None
+    assert launch.target_problem("json.nope", module=True, cwd=cwd) is not None
+    assert launch.target_problem("gone.py", cwd=cwd).startswith("can't open file")
+    # launched in another folder: a relative target is the ranks' to judge
+    for words in (["-wdir", "/elsewhere"], ["--chdir=/elsewhere"], ["-D/elsewhere"]):
+        assert launch.target_problem("gone.py", launcher_args=words, cwd=cwd) is None
+        assert launch.target_problem("gone", module=True, launcher_args=words, cwd=cwd) is None
+        assert launch.target_problem("/gone.py", launcher_args=words, cwd=cwd) is not None
+
+
 # -- hpccomm bench ------------------------------------------------------------------------
 def test_bench_measures_hpccomm_against_mpi4py_on_two_ranks():
     result = hpccomm("bench", "-n", "2", "--ops", "all_reduce,send_recv", "--sizes", "8,1K",

@@ -5,13 +5,15 @@ a Slurm allocation, else with mpiexec; each rank gets torchrun's ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, and an uncaught exception on any
 rank aborts the whole job; with ``--torch`` each rank also imports ``hpccomm.torch``
 and gets ``MASTER_ADDR``/``MASTER_PORT``, so torchrun scripts and scripts for torch's
-``"mpi"`` backend run unchanged. The launcher process replaces itself with the launcher
-(``exec``), so signals and the exit status are the launcher's own; it never
-initializes MPI. ``hpccomm info`` prints the environment for bug reports.
-``hpccomm bench -n 2`` measures hpccomm against raw mpi4py on this machine's MPI
-(:mod:`hpccomm.cli.bench`) in jobs started the way ``run`` starts a script: it alternates
-jobs at mpi4py's default thread level with jobs of raw mpi4py at MPI_THREAD_SERIALIZED
-(waiting for each, never initializing MPI itself) and prints the merged table.
+``"mpi"`` backend run unchanged. A script that does not exist, or a module that cannot be
+found, is refused before any rank starts (one line, status 2, as ``python`` does). The
+launcher process replaces itself with the launcher (``exec``), so signals and the exit
+status are the launcher's own; it never initializes MPI. ``hpccomm info`` prints the
+environment for bug reports. ``hpccomm bench -n 2`` measures hpccomm against raw mpi4py
+on this machine's MPI (:mod:`hpccomm.cli.bench`) in jobs started the way ``run`` starts a
+script: it alternates jobs at mpi4py's default thread level with jobs of raw mpi4py at
+MPI_THREAD_SERIALIZED (waiting for each, never initializing MPI itself) and prints the
+merged table.
 """
 from __future__ import annotations
 
@@ -83,10 +85,14 @@ def run_command(args: argparse.Namespace) -> List[str]:
         target = ["-m", "hpccomm.cli.bench", "--ops", args.ops, "--sizes", args.sizes,
                   "--budget", str(args.budget)] + (["--gloo"] if args.gloo else [])
         return launch.build_command(target, nprocs=args.nproc, launcher=args.launcher)
-    extra = [word for text in args.launcher_args for word in shlex.split(text)]
     target = (["-m"] if args.module else []) + [args.target, *args.args]
     return launch.build_command(target, nprocs=args.nproc, launcher=args.launcher,
-                                launcher_args=extra, torch=args.torch)
+                                launcher_args=_launcher_words(args), torch=args.torch)
+
+
+def _launcher_words(args: argparse.Namespace) -> List[str]:
+    """``hpccomm run --launcher-args``, split into words."""
+    return [word for text in args.launcher_args for word in shlex.split(text)]
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -150,6 +156,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         command = run_command(args)
     except launch.LaunchError as exc:
         return refuse(str(exc))
+    if args.command == "run" and not args.dry_run:  # before any rank starts
+        problem = launch.target_problem(args.target, args.module, _launcher_words(args))
+        if problem:
+            return refuse(problem)
     if args.command == "bench" and not args.no_serialized:
         return _bench(args)
     if args.dry_run:

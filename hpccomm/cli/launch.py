@@ -11,7 +11,9 @@ prints these answers for job scripts.
 """
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -137,6 +139,83 @@ def build_command(target: Sequence[str], nprocs: Optional[int] = None, launcher:
     if nprocs is not None:
         command += ["-n", str(nprocs)]
     return [*command, *launcher_args, *bootstrap]
+
+
+#: Launcher options that start the ranks in another folder: hydra's ``-wdir``/``-dir``,
+#: Open MPI's ``--wdir``/``--wd``, srun's ``-D``/``--chdir``.
+_CHDIR_OPTIONS = ("-wdir", "--wdir", "-wd", "--wd", "-dir", "--dir", "-D", "--chdir")
+
+
+def _moves_ranks(launcher_args: Sequence[str]) -> bool:
+    """Whether ``launcher_args`` start the ranks in another folder than this one."""
+    return any(arg in _CHDIR_OPTIONS or arg.startswith(tuple(f"{option}=" for option in
+                                                             _CHDIR_OPTIONS))
+               or (arg.startswith("-D") and len(arg) > 2) for arg in launcher_args)
+
+
+def target_problem(target: str, module: bool = False, launcher_args: Sequence[str] = (),
+                   cwd: Optional[str] = None) -> Optional[str]:
+    """Why the ranks could not start ``target``, in Python's words, or ``None``.
+
+    A script must be a file this process can open (or a folder with ``__main__.py``),
+    as ``python script.py`` needs. A module (``module``) must be found as each rank's
+    ``python -m`` would find it (:func:`hpccomm.cli.rank_env.run_target`): from the
+    current folder ``cwd``, then this Python's ``sys.path``, without running any of the
+    module's packages. Where ``launcher_args`` start the ranks in another folder, a
+    relative script or a module that is not found here is left to the ranks to judge.
+    """
+    cwd = cwd or os.getcwd()
+    elsewhere = _moves_ranks(launcher_args) or any("PYTHONPATH" in arg for arg in launcher_args)
+    if module:
+        if _module_found(target, [cwd, *sys.path[1:]]) or elsewhere:
+            return None
+        return f"No module named {target!r}"
+    if elsewhere and not os.path.isabs(target):
+        return None
+    script = os.path.normpath(os.path.join(cwd, target))
+    if os.path.isdir(script):
+        if any(os.path.isfile(os.path.join(script, name))
+               for name in ("__main__.py", "__main__.pyc")):
+            return None
+        return f"can't find '__main__' module in {script!r}"
+    try:
+        with open(script, "rb"):
+            return None
+    except OSError as exc:
+        return f"can't open file {script!r}: [Errno {exc.errno}] {exc.strerror}"
+
+
+def _module_found(name: str, path: List[str]) -> bool:
+    """Whether module ``name`` (dotted: a submodule) is found on ``path``.
+
+    The top-level name is looked up through ``sys.meta_path`` (installed packages,
+    editable installs), each further part in its parent package's folders (and, as
+    ``pkgutil.extend_path`` adds them, the same folders under every ``path`` entry),
+    so no package's ``__init__`` runs here.
+    """
+    if name in sys.modules:
+        return True
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return False
+    saved = sys.path[:]
+    sys.path[:] = path
+    try:
+        spec = importlib.util.find_spec(parts[0])
+        for depth in range(1, len(parts)):
+            if spec is None or spec.submodule_search_locations is None:
+                return False
+            folders = [*spec.submodule_search_locations,
+                       *(os.path.join(entry, *parts[:depth]) for entry in path)]
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth + 1]),
+                                                            folders)
+    except ImportError:
+        return False
+    except Exception:  # a finder of the user's own failed: the ranks will tell
+        return True
+    finally:
+        sys.path[:] = saved
+    return spec is not None
 
 
 def _main(argv: Sequence[str]) -> int:
