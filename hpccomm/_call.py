@@ -21,7 +21,7 @@ from . import work as _waits
 from .backends.base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER,  # noqa: F401
                             BROADCAST, REDUCE, REDUCE_SCATTER)
 from ._arrays import FAMILY, as_array, device_of, dtype_family, reduce_problem
-from .errors import DistBackendError, DistError
+from .errors import CallsDiffer, DistError
 from .group import GroupLike, ProcessGroup, member_group, registry, skip
 from .types import RedOpType, split_op
 from .work import Work, chain, failure_error, poll
@@ -314,6 +314,8 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
         observed = _observe.tracks_work
     try:
         started = start(*args)
+    except CallsDiffer as exc:  # found at the start: the ranks called different ones
+        raise _start_failed(pg, op, exc, arr) from None
     except DistError:
         raise
     except Exception as exc:
@@ -340,6 +342,8 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
         if after is not None:
             after()
         return value
+    except CallsDiffer as exc:  # found as it ran: the ranks called different ones
+        raise _start_failed(pg, op, exc, arr) from None
     except DistError:
         raise
     except BaseException as exc:  # MPI or copy-out failure: described like a Work's
@@ -366,6 +370,8 @@ def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: in
     seq = pg.seq = pg.seq + 1
     try:
         running = cpu.sum_in_place_at(address, count, datatype, limit)
+    except CallsDiffer as exc:
+        raise _start_failed(pg, op, exc, arr) from None
     except Exception as exc:
         raise _start_failed(pg, op, exc) from exc
     if running is not None:  # still running after the spin: waited as any operation
@@ -418,9 +424,8 @@ def small(pg: ProcessGroup, op: str, code: int, send: Any, recv: Any, redop: Any
         return False
     try:
         running = run(code, send, recv, redop, root)
-    except ValueError as exc:  # the ranks disagree on the operation
-        raise DistBackendError(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
-                               f"'{pg.group_name}': {exc}") from None
+    except CallsDiffer as exc:  # the ranks called different collectives
+        raise _start_failed(pg, op, exc, recv if recv is not None else send) from None
     if running < 0:
         return False
     seq = pg.seq = pg.seq + 1
@@ -463,11 +468,14 @@ def uncaptured(pg: ProcessGroup, op: str, comm: Any, instead: str) -> None:
                            f"temporary buffer made per call; use {instead}")
 
 
-def _start_failed(pg: ProcessGroup, op: str, exc: BaseException) -> DistError:
+def _start_failed(pg: ProcessGroup, op: str, exc: BaseException, arr: Any = None
+                  ) -> DistError:
     """The error of an operation that failed as it started (a failed peer, a revoked or
-    broken communicator)."""
-    return failure_error(f"hpccomm.{op} on rank {pg.rank()}/{pg.size()} of group "
-                         f"'{pg.group_name}'", pg, exc)
+    broken communicator, ranks calling different collectives: then ``arr``, this rank's
+    array, says what this rank called)."""
+    shape = getattr(arr, "shape", None)
+    called = f" with shape {tuple(shape)} {arr.dtype}" if shape is not None else ""
+    return failure_error(pg.at(f"{op}{called}"), pg, exc)
 
 
 def _watch(work: Work) -> None:

@@ -39,7 +39,24 @@ class DistTimeoutError(DistBackendError, TimeoutError):
 
 
 class DistDesyncError(DistError):
-    """Ranks of one group called different collectives (debug level DETAIL)."""
+    """Ranks of one group called different collectives: found before anything started
+    at debug level DETAIL (the group stays usable), or by a shared-memory path while the
+    operation ran (the group is unusable afterwards: destroy it)."""
+
+
+class CallsDiffer(DistDesyncError):
+    """What a backend found as an operation ran: the ranks of its group called different
+    operations. Its message names the calls but neither the operation's name nor the
+    group (a backend knows neither); the dispatch layer re-raises it as a
+    :class:`DistDesyncError` that does (:func:`described`)."""
+
+
+def described(where: str, exc: CallsDiffer) -> DistDesyncError:
+    """``exc`` as the user sees it, after ``where`` (``hpccomm.all_reduce on rank 0/4 of
+    group 'WORLD'``)."""
+    error = DistDesyncError(f"{where}: {exc}")
+    error.__cause__ = None
+    return error
 
 
 class ProcessFailedError(DistBackendError):

@@ -162,10 +162,13 @@ class ProcessGroup:
         found = mpi_ft.failed_peers(self.comm, exc)
         return None if found is None else [self.ranks[r] for r in found]
 
+    def at(self, op: str) -> str:
+        """How an error names operation ``op`` on this rank of this group."""
+        return f"hpccomm.{op} on rank {self._rank}/{self._size} of group '{self.group_name}'"
+
     def error(self, op: str, message: str) -> DistValueError:
         """An argument error naming the operation, this rank and this group."""
-        return DistValueError(f"hpccomm.{op} on rank {self._rank}/{self._size} of group "
-                              f"'{self.group_name}': {message}")
+        return DistValueError(f"{self.at(op)}: {message}")
 
     def renew(self, comm: Any) -> None:
         """Go on with ``comm``, a fresh communicator of the same ranks in the same order,

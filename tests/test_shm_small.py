@@ -125,18 +125,23 @@ def test_ranks_that_disagree_get_an_error_naming_both_calls(dist, members, rank,
         group = dist.new_group(members, timeout=10)
     try:
         x = np.ones(2 + (rank == 0), np.float64)  # rank 0: 24 bytes, the others 16
-        with pytest.raises(dist.DistBackendError) as info:
+        with pytest.raises(dist.DistDesyncError) as info:
             dist.all_reduce(x, group=group)
         message = str(info.value)
-        assert "the ranks disagree" in message and "all_reduce of 24 bytes" in message
-        assert "all_reduce of 16 bytes" in message and f"rank {rank}/{size}" in message
+        assert type(info.value) is dist.DistDesyncError, type(info.value)  # not internal
+        assert "all_reduce" in message and f"({x.size},) float64" in message, message
+        assert f"on rank {rank}/{size} of group '{group.group_name}'" in message, message
+        assert "ranks called different collectives" in message
+        assert "all_reduce of 24 bytes" in message and "all_reduce of 16 bytes" in message
+        with pytest.raises(dist.DistDesyncError, match="stopped the group's shared-memory"):
+            dist.all_reduce(x, group=group)  # the group is unusable from then on
     finally:
         dist.destroy_process_group(group)
     with environment(HPCCOMM_SHM="1"):
         group = dist.new_group(members, timeout=10)
     try:
         x = np.ones(2, np.float64)
-        with pytest.raises(dist.DistBackendError, match="the ranks disagree") as info:
+        with pytest.raises(dist.DistDesyncError, match="ranks called different") as info:
             if rank == 0:
                 dist.all_reduce(x, group=group)
             else:

@@ -120,8 +120,22 @@ def breakpoint_case():
     dist.destroy_process_group()
 
 
+def sizes_differ_in_pieces():
+    """Rank 0 all_reduces 1 MiB of float64, the others 1.5 MiB: at 4 ranks both go through
+    the small channel in pieces. Every rank must raise at once, naming both calls."""
+    count = 131072 if dist.get_rank() == 0 else 196608
+    start = time.monotonic()
+    try:
+        dist.all_reduce(np.ones(count))
+        say(f"elapsed={time.monotonic() - start:.2f}", "returned")
+    except dist.DistError as exc:
+        say(f"elapsed={time.monotonic() - start:.2f}", f"type={type(exc).__name__}",
+            f"error={' '.join(str(exc).split())}")
+    leave()
+
+
 CASES = {f.__name__: f for f in (skip_collective, every_op_times_out, monitored_absent,
-                                 uncaught_exception, breakpoint_case)}
+                                 uncaught_exception, breakpoint_case, sizes_differ_in_pieces)}
 
 if __name__ == "__main__":
     dist.init_process_group(timeout=TIMEOUT)

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from mpi4py import MPI
 
 from ... import settings
-from ...errors import DistBackendError, DistTimeoutError
+from ...errors import CallsDiffer, DistTimeoutError
 from ...work import Deferred, Started, poll
 
 KiB, MiB = 1024, 1024 * 1024
@@ -232,7 +232,7 @@ class Gated(Deferred):
         theirs = [bytes(self.seen[i:i + width]) for i in range(0, len(self.seen), width)]
         call = self.waiting[:_WAITS_AT]
         if any(sig[:_WAITS_AT] != call for sig in theirs):
-            raise DistBackendError(self._mismatch(theirs))
+            raise CallsDiffer(self._mismatch(theirs))
         return all(sig == self.waiting for sig in theirs)
 
     def _mismatch(self, theirs: List[bytes]) -> str:
@@ -240,9 +240,9 @@ class Gated(Deferred):
         call = self.waiting[:_WAITS_AT]
         others = [f"rank {rank}: {_describe(sig)}" for rank, sig in enumerate(theirs)
                   if sig[:_WAITS_AT] != call]
-        return (f"the ranks of the group are in different collectives (this rank: "
+        return (f"ranks called different collectives (this rank: "
                 f"{_describe(self.waiting)}; {'; '.join(others)}); the group is now "
-                f"unusable")
+                f"unusable: destroy it")
 
 
 def _describe(signature: bytes) -> str:

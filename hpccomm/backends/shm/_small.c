@@ -10,8 +10,9 @@
  *   [128]  done:   the last operation this rank has finished reading
  *   [192]  reduced: the last split all_reduce whose part this rank has reduced
  *   [256]  one 64-byte header per slot: seq, operation, bytes, element kind, reduction,
- *          root, written with the data, so a reader checks that every rank called the
- *          same operation with the same arguments
+ *          root and the bytes of the whole call it belongs to (an all_reduce too large
+ *          for one slot goes in pieces), written with the data, so a reader checks that
+ *          every rank called the same operation with the same arguments
  *   [...]  `slots` data slots of `slot_bytes` each
  *
  * Operation `seq` uses slot `seq % slots`. A rank writes that slot only once every rank
@@ -71,6 +72,7 @@ typedef struct {
     uint64_t seq;
     int32_t op, kind, redop, root;
     int64_t nbytes;
+    int64_t total;           /* bytes of the whole call (nbytes, but for a piece) */
 } header_t;
 
 typedef struct {
@@ -78,6 +80,7 @@ typedef struct {
     int op, kind, redop, root, posted;
     int split, reduced;      /* split all_reduce; its part reduced and published */
     Py_ssize_t nbytes;       /* the operation's size, as every rank must give it */
+    Py_ssize_t total;        /* the whole call's size (of which this is a piece) */
     Py_ssize_t post_bytes;   /* bytes of this rank's contribution */
     Py_buffer send, recv;    /* recv.buf NULL: none (a barrier) */
     int has_send, has_recv;
@@ -94,6 +97,7 @@ typedef struct {
     int head, count;
     int busy;                  /* a spin without the GIL runs on this object */
     int closed;                /* the segment is gone: every call raises */
+    PyObject *broken;          /* the mismatch that broke the channel: every call raises */
     double slice;
     long yield_every;
     Py_ssize_t split_from;     /* all_reduce bytes from which it is split (0: never) */
@@ -167,6 +171,7 @@ static void post(Small *self, op_t *op)
     h->redop = op->redop;
     h->root = op->root;
     h->nbytes = op->nbytes;
+    h->total = op->total;
     store(self, POSTED_AT, op->seq);
     op->posted = 1;
     op->split = op->op == OP_ALL_REDUCE && self->split_from > 0 && self->size > 2 &&
@@ -197,7 +202,7 @@ static int mismatch(Small *self, op_t *op, int *bad)
             continue;
         h = header(self, r, op->seq);
         if (h->seq != op->seq || h->op != op->op || h->nbytes != op->nbytes ||
-            h->root != op->root ||
+            h->total != op->total || h->root != op->root ||
             (op->op == OP_ALL_REDUCE || op->op == OP_REDUCE_SCATTER ?
              (h->kind != op->kind || h->redop != op->redop) : 0)) {
             *bad = r;
@@ -326,11 +331,19 @@ static int step(Small *self, op_t *op, int *bad)
     return 1;
 }
 
-static PyObject *SmallError; /* a mismatch between ranks; the Python side words it */
+/* A mismatch between ranks (the class set_mismatch names; the dispatch layer words
+ * it with the operation, rank and group). */
+static PyObject *SmallError;
 
-/* Raise (and return 1) once the channel is closed: its memory may be unmapped. */
+/* Raise (and return 1) once the channel is closed (its memory may be unmapped), or
+ * broken by a mismatch (its ranks stopped at different operations). */
 static int gone(Small *self)
 {
+    if (self->broken != NULL) {
+        PyErr_Format(SmallError, "an earlier operation stopped the group's shared-memory "
+                     "channel (%U); the group is unusable: destroy it", self->broken);
+        return 1;
+    }
     if (!self->closed)
         return 0;
     PyErr_SetString(PyExc_RuntimeError, "the group's small-collective channel is closed "
@@ -338,26 +351,53 @@ static int gone(Small *self)
     return 1;
 }
 
+/* "all_reduce of 1048576 bytes (float64, SUM)" or a piece's whole call. */
+static PyObject *call_text(int op, int64_t total, int kind, int redop, int root)
+{
+    const char *name = op >= 0 && op < N_OPS ? OP_NAMES[op] : "an unknown operation";
+    const char *kinds = kind >= 0 && kind < N_KINDS ? KIND_NAMES[kind] : "?";
+    if (op == OP_ALL_REDUCE || op == OP_REDUCE_SCATTER)
+        return PyUnicode_FromFormat("%s of %lld bytes (%s, %s)", name, (long long)total,
+                                    kinds, redop >= 0 && redop < N_REDOPS ?
+                                    REDOP_NAMES[redop] : "?");
+    if (op == OP_BROADCAST)
+        return PyUnicode_FromFormat("%s of %lld bytes from group rank %d", name,
+                                    (long long)total, root);
+    if (op == OP_BARRIER)
+        return PyUnicode_FromString(name);
+    return PyUnicode_FromFormat("%s of %lld bytes per rank (%s)", name, (long long)total,
+                                kinds);
+}
+
+/* Raise the mismatch of op with rank bad's header, and break the channel: the ranks
+ * stopped at different operations, so nothing later can pair up again. */
 static void raise_mismatch(Small *self, op_t *op, int bad)
 {
     header_t *h = header(self, bad, op->seq);
-    int other_op = h->op >= 0 && h->op < N_OPS ? h->op : 0;
+    PyObject *mine = NULL, *theirs = NULL, *text;
     if (h->seq != op->seq) {
-        PyErr_Format(SmallError, "rank %d of the group is not at the same operation "
-                     "(its slot holds operation #%llu, this rank expects #%llu)", bad,
-                     (unsigned long long)h->seq, (unsigned long long)op->seq);
-        return;
+        text = PyUnicode_FromFormat(
+            "group rank %d is at another of the group's shared-memory operations (its "
+            "#%llu where this rank is at #%llu): a rank skipped a call, or made one the "
+            "others did not", bad, (unsigned long long)h->seq,
+            (unsigned long long)op->seq);
+    } else {
+        mine = call_text(op->op, op->total, op->kind, op->redop, op->root);
+        theirs = call_text(h->op, h->total, h->kind, h->redop, h->root);
+        text = mine && theirs ? PyUnicode_FromFormat(
+            "ranks called different collectives: group rank %d called %U, this rank "
+            "(group rank %d) called %U", bad, theirs, self->rank, mine) : NULL;
     }
-    PyErr_Format(SmallError,
-                 "the ranks disagree on the group's operation #%llu: "
-                 "rank %d called %s of %lld bytes (%s, %s, root %d), this rank "
-                 "called %s of %lld bytes (%s, %s, root %d)", (unsigned long long)op->seq,
-                 bad, OP_NAMES[other_op], (long long)h->nbytes,
-                 h->kind >= 0 && h->kind < N_KINDS ? KIND_NAMES[h->kind] : "?",
-                 h->redop >= 0 && h->redop < N_REDOPS ? REDOP_NAMES[h->redop] : "?",
-                 h->root, OP_NAMES[op->op], (long long)op->nbytes, KIND_NAMES[op->kind],
-                 op->redop >= 0 && op->redop < N_REDOPS ? REDOP_NAMES[op->redop] : "?",
-                 op->root);
+    Py_XDECREF(mine);
+    Py_XDECREF(theirs);
+    if (text == NULL)
+        return;
+    PyErr_Format(SmallError, "%U; the group is now unusable (its shared-memory channel "
+                 "stopped at this operation): destroy it", text);
+    if (self->broken == NULL)
+        self->broken = text;
+    else
+        Py_DECREF(text);
 }
 
 static void release(op_t *op)
@@ -429,6 +469,7 @@ static void Small_dealloc(Small *self)
     for (i = 0; i < self->count; i++)
         release(&self->queue[(self->head + i) % QUEUE]);
     PyMem_Free(self->regions);
+    Py_XDECREF(self->broken);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -465,14 +506,18 @@ static int progress(Small *self)
     return finished;
 }
 
-/* start(operation, send, recv, redop, root) -> seq, or 0 when the small path does not
- * take this operation. The operation is posted at once if its slot is free. */
+/* start(operation, send, recv, redop, root[, total]) -> seq, or 0 when the small path
+ * does not take this operation. `total`: the bytes of the whole call, when this is a
+ * piece of it (the ranks compare it too). The operation is posted at once if its slot
+ * is free. */
 static PyObject *Small_start(Small *self, PyObject *args)
 {
     int code, root;
+    Py_ssize_t total = 0;
     PyObject *send, *recv, *redop;
     op_t *op;
-    if (!PyArg_ParseTuple(args, "iOOOi", &code, &send, &recv, &redop, &root) || gone(self))
+    if (!PyArg_ParseTuple(args, "iOOOi|n", &code, &send, &recv, &redop, &root, &total) ||
+        gone(self))
         return NULL;
     if (self->count == QUEUE) {
         if (!self->busy && progress(self) < 0)
@@ -485,6 +530,8 @@ static PyObject *Small_start(Small *self, PyObject *args)
     case -1: return NULL;
     case 0: return PyLong_FromLong(0);
     }
+    if (total > op->nbytes)
+        op->total = total;
     op->seq = self->next++;
     self->count++;
     /* while another thread spins on the head without the GIL, only that thread steps */
@@ -602,7 +649,7 @@ static PyObject *Small_sum_at(Small *self, PyObject *args)
     op->kind = kind;
     op->redop = R_SUM;
     op->send.buf = op->recv.buf = (void *)(uintptr_t)address; /* no Py_buffer to release */
-    op->nbytes = op->post_bytes = nbytes;
+    op->nbytes = op->post_bytes = op->total = nbytes;
     return spin_head(self, op);
 }
 
@@ -672,15 +719,31 @@ static PyObject *module_accept(PyObject *Py_UNUSED(module), PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* set_mismatch(cls): the exception class a mismatch between ranks raises */
+static PyObject *module_set_mismatch(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    if (!PyType_Check(arg) || !PyType_IsSubtype((PyTypeObject *)arg,
+                                                (PyTypeObject *)PyExc_Exception)) {
+        PyErr_SetString(PyExc_TypeError, "set_mismatch(exception class)");
+        return NULL;
+    }
+    Py_INCREF(arg);
+    Py_XSETREF(SmallError, arg);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"kind", module_kind, METH_O, "kind(array) -> the channel's element kind, or -1"},
+    {"set_mismatch", module_set_mismatch, METH_O,
+     "set_mismatch(cls): the exception class a mismatch between ranks raises"},
     {"accept", module_accept, METH_O, "accept(type): the array type the channel takes"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMethodDef Small_methods[] = {
     {"start", (PyCFunction)Small_start, METH_VARARGS,
-     "start(operation, send, recv, redop, root) -> seq; 0: not taken; -1: queue full"},
+     "start(operation, send, recv, redop, root[, total]) -> seq; 0: not taken; "
+     "-1: queue full"},
     {"test", (PyCFunction)Small_test, METH_O,
      "test(seq) -> whether operation seq is finished (one pass, no wait)"},
     {"run", (PyCFunction)(void (*)(void))Small_run, METH_FASTCALL,

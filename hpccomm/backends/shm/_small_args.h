@@ -127,7 +127,7 @@ static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *r
         Py_INCREF(op->send.obj);
         op->has_send = 1;
     }
-    op->nbytes = nbytes;
+    op->nbytes = op->total = nbytes;
     op->post_bytes = post_bytes;
     return 1;
 not_here:

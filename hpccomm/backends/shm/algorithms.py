@@ -35,7 +35,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from ...errors import DistBackendError
+from ...errors import CallsDiffer
 from . import cma
 from . import pair as shm_pair
 from .reduce import Reducer
@@ -52,10 +52,10 @@ KERNEL_LAYOUT = dict(staged=STAGED, reduced=REDUCED, consumed=CONSUMED, enter=EN
                      seq_shift=_SEQ_SHIFT, tag_mask=_TAG_MASK, lookahead=LOOKAHEAD)
 
 
-def tag_of(code: int, total_bytes: int, dtype: Any) -> int:
-    """The descriptor's tag of an operation: its kind, size and dtype, which every rank
-    must agree on."""
-    return (code * 0x9E37 ^ total_bytes * 31 ^ dtype.num) & _TAG_MASK
+def tag_of(code: int, total_bytes: int, dtype: Any, variant: int = 0) -> int:
+    """The descriptor's tag of an operation: its kind, size and dtype, and ``variant``
+    (a reduction's kind, a broadcast's root), which every rank must agree on."""
+    return (code * 0x9E37 ^ total_bytes * 31 ^ dtype.num ^ variant * 0x3C6EF) & _TAG_MASK
 
 
 def descriptor(seq: int, tag: int) -> int:
@@ -94,7 +94,8 @@ class Collective:
     code = 0
 
     def __init__(self, ctx: Any, name: str, dtype: Any, total_bytes: int, nch: int,
-                 shared: Optional[tuple], numbered: Optional[tuple] = None):
+                 shared: Optional[tuple], numbered: Optional[tuple] = None,
+                 variant: int = 0):
         self.ctx = ctx
         self.name = name
         self.dtype = dtype
@@ -107,7 +108,8 @@ class Collective:
             ctx.chunks += nch
             ctx.ops += 1
         self.k0, self.seq = numbered  # else numbered (and maybe begun) by a direct form
-        self.tag = tag_of(self.code, total_bytes, dtype)
+        self.tag = tag_of(self.code, total_bytes, dtype, variant)
+        self.total_bytes = total_bytes
         self.shared = shared  # (segment index, byte offset) of my buffer, or None
         self.sources: Optional[List[Any]] = None  # per rank: None (staged) or a byte view
         self.fenced = ctx.fenced
@@ -142,11 +144,12 @@ class Collective:
                 return False
             if entered == seq:
                 if value & _TAG_MASK != self.tag:
-                    raise DistBackendError(
-                        f"shared-memory {self.name}: rank {peer} called operation "
-                        f"{seq} of this group with another kind, dtype or size than rank "
-                        f"{self.me} ({self.dtype}); every rank must call the same "
-                        f"collective with matching arrays")
+                    raise CallsDiffer(
+                        f"ranks called different collectives: group rank {peer} called "
+                        f"another operation, dtype or size than this rank (group rank "
+                        f"{self.me}: {self.name} of {self.total_bytes} bytes, {self.dtype}); "
+                        f"the group is now unusable (its shared-memory operations "
+                        f"stopped at this one): destroy it")
                 if value & _ZC_BIT:
                     index, offset = words[peer][SEGMENT], words[peer][OFFSET]
                     if index == 0:  # a private array, read by cross-memory attach
@@ -263,7 +266,7 @@ class AllReduce(Collective):
         self.ce = (self.kernel_chunk(flat.itemsize, ctx.piece_bytes) if self.kernel
                    else max(1, ctx.piece_bytes // flat.itemsize))
         super().__init__(ctx, "all_reduce", flat.dtype, flat.nbytes,
-                         chunks(flat.size, size, self.ce), shared, numbered)
+                         chunks(flat.size, size, self.ce), shared, numbered, reducer.kind)
         self.pair = False
         self.s = 0  # chunks staged
         self.r = 0  # chunks of my part reduced
@@ -446,7 +449,7 @@ class ReduceScatter(Collective):
         self.ce = max(1, ctx.piece_bytes // send.itemsize)
         widest = max(self.bounds[p + 1] - self.bounds[p] for p in range(size))
         super().__init__(ctx, "reduce_scatter", send.dtype, send.nbytes,
-                         -(-widest // self.ce), shared)
+                         -(-widest // self.ce), shared, variant=reducer.kind)
         self.s = self.nch if shared is not None else 0
         self.r = 0
 
@@ -561,7 +564,7 @@ class Broadcast(Collective):
         self.buf, self.root = buf, root
         self.ce = max(1, ctx.slot_bytes // buf.itemsize)
         super().__init__(ctx, "broadcast", buf.dtype, buf.nbytes, -(-buf.size // self.ce),
-                         shared if ctx.rank == root else None)
+                         shared if ctx.rank == root else None, variant=root + 1)
         if ctx.rank != root:
             self.peers = [root]  # a non-root reads the root only; the root waits for all
         self.k = self.nch if ctx.rank == root and self.shared is not None else 0

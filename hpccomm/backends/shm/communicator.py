@@ -389,9 +389,9 @@ class SharedMemoryCommunicator(MPICommunicator):
         """
         step = max(1, self._small_sizes[ALL_REDUCE] // flat.itemsize)
         tests = []
-        for start in range(0, flat.size, step):
-            piece = flat[start:start + step]
-            started = self.small.start(ALL_REDUCE, piece, piece, kind, 0)
+        for start in range(0, flat.size, step):  # each piece names the whole call: the
+            piece = flat[start:start + step]       # ranks compare it at the first piece
+            started = self.small.start(ALL_REDUCE, piece, piece, kind, 0, flat.nbytes)
             if started is None:  # only the first can be refused: the rest are alike
                 return None
             tests.append(started[0])
@@ -490,7 +490,8 @@ class SharedMemoryCommunicator(MPICommunicator):
         slice_s = shm_pair.SLICE_S if limit is None else min(shm_pair.SLICE_S, limit)
         result = self.pair_kernel.run(address, count * reals, code, per_chunk * reals,
                                       -(-count // 2) * reals, nch, k0,
-                                      descriptor(seq, tag_of(AllReduce.code, nbytes, dtype)),
+                                      descriptor(seq, tag_of(AllReduce.code, nbytes, dtype,
+                                                             int(RedOpType.SUM))),
                                       0, 0, 0, slice_s, _work.spin_yield_every())
         if result >= 0 and shm_pair.unpack(result)[2] == nch:
             return None

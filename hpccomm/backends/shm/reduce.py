@@ -42,10 +42,12 @@ def accumulator(dtype: Any, half_native: bool) -> Optional[np.dtype]:
 class Reducer:
     """Combines chunks of one reduction: ``combine(out, first, others)``."""
 
-    __slots__ = ("ufunc", "acc", "factor", "divisor", "simple", "_scratch")
+    __slots__ = ("kind", "ufunc", "acc", "factor", "divisor", "simple", "_scratch")
 
     def __init__(self, dtype: Any, kind: RedOpType, factor: Any, size: int,
                  half_native: bool = True):
+        #: The reduction's kind, which the ranks compare before they combine.
+        self.kind = int(kind)
         self.ufunc = (_LOGICAL if dtype.kind == "b" else _ARITH)[kind]
         self.acc = accumulator(dtype, half_native)
         self.factor = (np.asarray(factor).reshape(()) if kind == RedOpType.PREMUL_SUM

@@ -27,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ... import settings
+from ...errors import CallsDiffer
 from ...types import Tag
 from ...work import Started
 from ..base import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, REDUCE_SCATTER
@@ -37,6 +38,7 @@ except ImportError:  # built without a C compiler: MPI for small messages
     _small = None
 else:
     _small.accept(np.ndarray)  # what it takes from Python; the rest goes the general way
+    _small.set_mismatch(CallsDiffer)  # what it raises when the ranks' calls differ
 
 #: Slots per rank: operations of one rank that may be in flight at once.
 SLOTS = 4
@@ -189,15 +191,16 @@ class Channel:
         far: its own slot and buffers included, the peers' slots read in place."""
         return self.kernel.traffic
 
-    def start(self, code: int, send: Any, recv: Any, redop: int = 0, root: int = 0
-              ) -> Optional[Started]:
+    def start(self, code: int, send: Any, recv: Any, redop: int = 0, root: int = 0,
+              total: int = 0) -> Optional[Started]:
         """The operation started on the channel, as ``(test, finish, keep)``, or ``None``
-        when the channel does not take it (the caller uses MPI)."""
+        when the channel does not take it (the caller uses MPI). ``total``: the bytes
+        of the whole call this operation is a piece of, which the ranks compare too."""
         kernel = self.kernel
-        seq = kernel.start(code, send, recv, redop, root)
+        seq = kernel.start(code, send, recv, redop, root, total)
         while seq < 0:  # the queue is full: wait for its oldest operation, then retry
             self._wait_oldest()
-            seq = kernel.start(code, send, recv, redop, root)
+            seq = kernel.start(code, send, recv, redop, root, total)
         if not seq:
             return None
         return self.started(seq)
