@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from .. import observe
-from ..errors import DistDesyncError
+from ..errors import CallsDiffer, DistDesyncError, described
 from ..types import DebugLevel, RedOpType
 from ..work import as_work
 from . import debug, flight_recorder
@@ -28,6 +28,7 @@ from .ops import CODES
 
 logger = logging.getLogger("hpccomm")
 FIELDS = ("op", "dtype", "count", "shape", "root", "reduce op")
+_FAR = np.iinfo(np.int64).max  # a slot this rank has nothing to say about (MIN skips it)
 _MASK = (1 << 62) - 1
 _DESC_BYTES = 192
 _NONE = -1
@@ -67,6 +68,22 @@ _FIELDS_OF: Dict[str, tuple] = {
     "all_to_all_single": (_a2a_count, False, None),
 }
 _NOTHING_MORE = (_no_count, False, None)
+
+
+def _blocks(op: str, args: tuple, size: int) -> Optional[tuple]:
+    """For the collectives whose ranks' blocks may differ in size (the list forms of
+    gather, scatter, all_gather, reduce_scatter): ``(this rank's block, the blocks this
+    rank expects of every rank or None)``; ``None`` for the others."""
+    if op == "gather":
+        return args[0].size, (list(args[3]) if args[3] else None)
+    if op == "scatter":
+        return args[1].size, (list(args[3]) if args[3] else None)
+    if op == "all_gather":
+        mine = args[0].size if args[0] is not None else args[1].size // size
+        return mine, list(args[2]) if args[2] is not None else [args[1].size // size] * size
+    if op == "reduce_scatter":
+        return args[1].size, list(args[4]) if args[4] is not None else [args[1].size] * size
+    return None
 # every collective of ops.CODES -> (code, *fields); point-to-point is not checked
 _OPS: Dict[str, tuple] = {op: (code, *_FIELDS_OF.get(op, _NOTHING_MORE))
                           for op, code in CODES.items()}
@@ -86,10 +103,11 @@ def checked(op: str) -> bool:
 
 
 def _describe(pg: Any, op: str, args: tuple, arr: Any, root: Optional[int],
-              red: Optional[int], seq: int) -> str:
+              red: Optional[int], seq: int, block: Optional[int] = None) -> str:
     shape = "-" if arr is None else str(tuple(arr.shape))
     dtype = "-" if arr is None else str(arr.dtype)
-    count = "-" if arr is None else str(_OPS[op][1](arr, args))
+    count = ("-" if arr is None else str(block) if block is not None
+             else str(_OPS[op][1](arr, args)))
     where = "-" if root is None else str(pg.ranks[root])
     reduce = "-" if red is None else RedOpType(red).name
     return "|".join((op, dtype, shape, count, where, reduce, str(seq)))
@@ -103,7 +121,7 @@ def check(pg: Any, op: str, args: tuple, arr: Any, root: Optional[int],
         return
     code, count_of, shape_matters, red_index = spec
     red = None if red_index is None else int(args[red_index])
-    fingerprint = np.zeros(12, dtype=np.int64)
+    fingerprint = np.zeros(12, dtype=np.int64)  # one size for every operation
     fingerprint[0] = code
     if arr is not None:
         fingerprint[1] = _dtype_code(arr.dtype)
@@ -112,17 +130,24 @@ def check(pg: Any, op: str, args: tuple, arr: Any, root: Optional[int],
             fingerprint[3] = hash(tuple(arr.shape)) & _MASK
     fingerprint[4] = _NONE if root is None else pg.ranks[root]
     fingerprint[5] = _NONE if red is None else red
-    fingerprint[6:] = -fingerprint[:6]
-    _run(pg, f"desync check before {op}", pg.cpu.all_reduce,
-         (fingerprint, RedOpType.MIN, None), timeout)
-    low, high = fingerprint[:6], -fingerprint[6:]
+    fingerprint[6:12] = -fingerprint[:6]
+    what = f"desync check before {op}"
+    _run(pg, what, pg.cpu.all_reduce, (fingerprint, RedOpType.MIN, None), timeout)
+    low, high = fingerprint[:6], -fingerprint[6:12]
     if logger.isEnabledFor(5):
         logger.log(5, "hpccomm: rank %d of group '%s': %s (seq %d) agreed on by all ranks",
                    pg.rank(), pg.group_name, op, pg.seq + 1)
-    if np.array_equal(low, high):
+    blocks = _blocks(op, args, pg.size()) if arr is not None else None
+    uneven = False
+    if blocks is not None and np.array_equal(low, high):  # all make this uneven call:
+        uneven = _uneven(pg, what, blocks, timeout)        # are its blocks the expected?
+    if np.array_equal(low, high) and not uneven:
         return
     differing = [FIELDS[i] for i in range(6) if low[i] != high[i]]
-    mine = _describe(pg, op, args, arr, root, red, pg.seq + 1)
+    if uneven:
+        differing.append("block sizes")
+    mine = _describe(pg, op, args, arr, root, red, pg.seq + 1,
+                     blocks[0] if blocks is not None else None)
     table = _gather_descriptions(pg, mine, timeout)
     error = DistDesyncError(_message(pg, op, differing, table))
     _dump(error)
@@ -130,12 +155,32 @@ def check(pg: Any, op: str, args: tuple, arr: Any, root: Optional[int],
 
 
 def _run(pg: Any, what: str, start: Any, args: tuple, timeout: Optional[float]) -> None:
-    work = as_work(start(*args))
+    try:
+        started = start(*args)
+    except CallsDiffer as exc:  # the group's channel found the calls differing first
+        raise described(pg.at(what), exc) from None
+    work = as_work(started)
     work.op = what
     work.group = pg
     work.seq = pg.seq + 1
     work.timeout = pg.timeout if timeout is None else timeout
     work.wait()
+
+
+def _uneven(pg: Any, what: str, blocks: tuple, timeout: Optional[float]) -> bool:
+    """Whether some rank's block of an uneven collective differs from what a rank
+    expects of it. One MIN all_reduce of 3 n int64: each rank's block at its slot, and
+    the least and (negated) the most the ranks that know expect of each rank."""
+    size, (mine, expected) = pg.size(), blocks
+    slots = np.full(3 * size, _FAR, dtype=np.int64)  # MIN passes over _FAR
+    slots[pg.rank()] = mine
+    if expected is not None:
+        slots[size:2 * size] = expected
+        slots[2 * size:] = [-e for e in expected]
+    _run(pg, what, pg.cpu.all_reduce, (slots, RedOpType.MIN, None), timeout)
+    actual, least, most = slots[:size], slots[size:2 * size], -slots[2 * size:]
+    expecting = least != _FAR  # the ranks some rank expects something of
+    return bool(np.any(expecting & ((least != actual) | (most != actual))))
 
 
 def _gather_descriptions(pg: Any, mine: str, timeout: Optional[float]) -> List[str]:

@@ -1,7 +1,8 @@
 """After a collective times out: ask the group who else is stuck, name who is not.
 
 A timed-out rank cannot learn from MPI which peer never joined. So each rank whose
-collective timed out sends ``[seq, op code, waited ms]`` to every other rank of the group
+collective timed out sends ``[seq, op code, waited ms, group]`` to every other rank of the
+group
 (point-to-point, reserved tag, on the same communicator: point-to-point never matches
 the stuck collective) and listens for the others' reports for a short grace period
 (:data:`GRACE_S`, at most the timeout). Ranks that report the same operation are stuck
@@ -11,11 +12,17 @@ is a sentence for the timeout error and :data:`last` for the flight recorder. Gr
 larger than :data:`MAX_RANKS` skip it (the message count grows as the square of the
 size); ``HPCCOMM_ROLLCALL_GRACE=0`` turns it off. It is an observer of timeouts,
 registered by :func:`install` (``init_process_group`` does it) before all others.
+
+A rank that never times out never reads the reports sent to it; they stay in MPI's queue
+of the group's communicator, and MPI may give a later communicator the same context once
+the group is destroyed. So each report names its group (a hash of the group's name, which
+its members agree on), and a report of another group is not counted.
 """
 from __future__ import annotations
 
 import os
 import time
+import zlib
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -67,22 +74,23 @@ def hook(work: Any, waited: float) -> Optional[str]:
         return (f"(No roll call: the group has {size} ranks, more than "
                 f"{settings.ROLLCALL_MAX_RANKS.name}={MAX_RANKS}; see the flight recorder dumps.)"
                 if size > MAX_RANKS else None)
-    report = np.array([work.seq, code, int(waited * 1000)], dtype=np.int64)
+    group = zlib.crc32(pg.group_name.encode())
+    report = np.array([work.seq, code, int(waited * 1000), group], dtype=np.int64)
     sends = [as_work(pg.cpu.send(report, peer, TAG)) for peer in range(size) if peer != me]
     heard: Dict[int, List[int]] = {}
     limit = work.timeout if work.timeout is not None else GRACE_S
     deadline = time.monotonic() + min(GRACE_S, max(limit, 0.05))
-    buf = np.zeros(3, dtype=np.int64)
+    buf = np.zeros(4, dtype=np.int64)
     receive = as_work(pg.cpu.recv(buf, None, TAG))
     polls = 0
     while receive is not None and time.monotonic() < deadline:
         if receive.is_completed():
             source = receive.value  # the sender's group rank
-            if 0 <= source < size and source != me:
-                heard[source] = buf.tolist()
+            if 0 <= source < size and source != me and buf[3] == group:
+                heard[source] = buf[:3].tolist()
             receive = None
             if len(heard) < size - 1:  # post another receive only while someone is unheard
-                buf = np.zeros(3, dtype=np.int64)
+                buf = np.zeros(4, dtype=np.int64)
                 receive = as_work(pg.cpu.recv(buf, None, TAG))
             continue
         polls += 1
