@@ -20,11 +20,11 @@ def main() -> None:
     dist.all_reduce(expected)
 
     shard = np.empty(full.size // size, dtype=full.dtype)
-    dist.reduce_scatter_tensor(shard, full)
+    dist.reduce_scatter_single(shard, full)
     gathered = np.empty_like(full)
     mine = gathered[rank * shard.size:(rank + 1) * shard.size]
     mine[:] = shard
-    dist.all_gather_into_tensor(gathered, mine)  # in place: no extra copy
+    dist.all_gather_single(gathered, mine)  # in place: no extra copy
 
     assert np.allclose(gathered, expected, rtol=1e-5, atol=1e-5), "round trip differs"
     if rank == 0:

@@ -8,7 +8,7 @@ package doesn't have MPI built in". hpccomm serves the backend name, unchanged:
 
 (or add ``import hpccomm.torch`` to the script and start it with ``mpiexec``/``srun``).
 Rank and world size come from MPI, as torch documents for "mpi". The script checks its
-own results: all_reduce, bfloat16, reduce_scatter_tensor, a new_group, and DDP training
+own results: all_reduce, bfloat16, reduce_scatter_single, a new_group, and DDP training
 against the same training in one process.
 """
 import torch
@@ -36,7 +36,7 @@ def main():
     assert x.tolist() == [size * (size + 1) / 2] * 4, x
 
     out = torch.empty(2)
-    dist.reduce_scatter_tensor(out, torch.arange(2.0 * size))
+    dist.reduce_scatter_single(out, torch.arange(2.0 * size))
     assert out.tolist() == [size * 2.0 * rank, size * (2.0 * rank + 1)], out
 
     evens = dist.new_group(list(range(0, size, 2)))

@@ -44,7 +44,7 @@ def main() -> None:
     y_partial = (x_local @ a_local) @ b_local          # this rank's share of its rows of Y
     dist.all_reduce(y_partial, group=mesh.get_group("tp"))  # sum the tp shares
     y = np.empty((dp * args.batch, n_out))
-    dist.all_gather_into_tensor(y, y_partial, group=mesh["dp"])  # stack the dp batches
+    dist.all_gather_single(y, y_partial, group=mesh["dp"])  # stack the dp batches
 
     error = float(np.abs(y - (x @ a) @ b).max())
     errors = np.array([error])
