@@ -15,7 +15,10 @@
 # The collectives, groups, shared memory, the differential harness and the stress
 # tests run at 8 ranks too (MPICH and Open MPI), and the
 # shared-memory and direct-path tests once more with the C helpers built with
-# AddressSanitizer and UndefinedBehaviorSanitizer (tests/sanitize.py).
+# AddressSanitizer and UndefinedBehaviorSanitizer (tests/sanitize.py). The torch tests
+# run once more on torch 2.14.1 (.venv-torch214). What only repeats an earlier run at
+# more ranks or on another MPI (the frameworks at 4 ranks, torch's own suite outside the
+# two torch runs, the mistakes harness under Intel MPI) is deselected there.
 # The last line adds the runs up; the exit status is non-zero if any run failed.
 # HPCCOMM_TEST_MPIS=mpich,openmpi,impi picks the libraries; extra arguments go to
 # every tests/run_suite.py.
@@ -54,6 +57,14 @@ TORCH_TESTS="tests/test_torch_collectives.py tests/test_torch_compatibility.py
              tests/test_torch_gloo_parity.py tests/test_torch_launch.py
              tests/test_torch_mpi_backend.py tests/test_torch_store.py tests/test_torch_suite.py
              tests/test_torch_training.py tests/test_torch_visible.py tests/test_frameworks.py"
+#: What MPICH's first run covers for the others, which would repeat it: the 4-rank
+#: variants of the frameworks' recipes (the 2-rank ones run everywhere), and torch's own
+#: test suite, which judges each torch release (run on both) rather than each MPI.
+FRAMEWORKS_AT_4="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[lightning_fabric.py-4]
+                 --deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[accelerate_cpu.py-4]
+                 --deselect tests/test_frameworks.py::test_torchrun_script_runs_unchanged[4]
+                 --deselect tests/test_frameworks.py::test_torch_mpi_backend_script_runs_unchanged[4]"
+TORCH_SUITE="--deselect tests/test_torch_suite.py"
 #: MPI tests that also run at 8 ranks, and those that run with the sanitized helpers
 EIGHT="tests/test_differential.py tests/test_stress.py tests/test_collectives.py
        tests/test_groups.py tests/test_shm.py tests/test_shm_small.py tests/test_shm_plan.py"
@@ -83,10 +94,11 @@ for mpi in ${MPIS//,/ }; do
             # warnings as errors, under the tests that drive them
             sanitized "MPICH, sanitizers" .venv mpich --ranks 2,4 --no-serial $SANITIZED "$@" \
                 || status=1
-            # the PyTorch backend's tests on the other tested torch release
+            # the PyTorch backend's tests on the other tested torch release (torch's own
+            # suite included: it judges each release)
             venv .venv-torch214 test,torch,frameworks torch==2.14.1
-            suite "MPICH, torch 2.14" .venv-torch214 mpich --ranks 1,2,4 $TORCH_TESTS "$@" \
-                || status=1 ;;
+            suite "MPICH, torch 2.14" .venv-torch214 mpich --ranks 1,2,4 $TORCH_TESTS \
+                $FRAMEWORKS_AT_4 "$@" || status=1 ;;
         openmpi)
             venv .venv-openmpi test-openmpi,torch,frameworks torch==2.13.0
             # Open MPI refuses root unless told, and more ranks than cores (4 on 2).
@@ -94,13 +106,16 @@ for mpi in ${MPIS//,/ }; do
                 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
             fi
             export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
-            suite "Open MPI" .venv-openmpi openmpi "$@" || status=1
+            suite "Open MPI" .venv-openmpi openmpi $FRAMEWORKS_AT_4 $TORCH_SUITE "$@" \
+                || status=1
             suite "Open MPI, 8 ranks" .venv-openmpi openmpi --ranks 8 --no-serial $EIGHT "$@" \
                 || status=1
             unset PRTE_MCA_rmaps_default_mapping_policy ;;
         impi)
             venv .venv-impi test-impi
-            suite "Intel MPI" .venv-impi impi-rt --ranks 1,2 "$@" || status=1 ;;
+            # (the mistakes harness runs under MPICH and Open MPI)
+            suite "Intel MPI" .venv-impi impi-rt --ranks 1,2 --deselect tests/test_mistakes.py \
+                "$@" || status=1 ;;
         *)
             echo "tests/run.sh: unknown MPI '$mpi' in HPCCOMM_TEST_MPIS (mpich, openmpi, impi)"
             exit 2 ;;
