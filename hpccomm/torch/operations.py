@@ -169,7 +169,7 @@ def _operation(op: str, first: Callable[[tuple], Any], nccl: Optional[str] = Non
             if tensor is not None and not tensor.is_cpu:
                 return getattr(self._cuda(op, tensor), name)(*args, **kwargs)
             if _profiler._is_profiler_enabled or self._state.watch is not None:
-                return self._watched(shown_as, spec(args), method, args, kwargs)
+                return self._watched(op, shown_as, spec(args), method, args, kwargs)
             try:
                 return method(self, *args, **kwargs)
             except _tensors.Unsupported as exc:
@@ -206,9 +206,7 @@ class TensorOperations:
     _host: Any
     _state: Any
     _direct: Any
-
-    def _cuda(self, op: str, tensor: torch.Tensor) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError
+    _cuda: Callable[[str, torch.Tensor], Any]
 
     # -- dispatch --------------------------------------------------------------------------
     def _run(self, op: str, start: Callable[..., Any], args: tuple, arr: Any, opts: Any,
@@ -234,14 +232,14 @@ class TensorOperations:
             return _combine([start(*args) for start, args in starts])
         return self._run(op, start_all, (), arr, opts, outputs, after, keep)
 
-    def _watched(self, op: str, shown: Shown, method: Callable[..., Any], args: tuple,
-                 kwargs: dict) -> Any:
-        """``method`` run with its profiler event and hooks around it."""
+    def _watched(self, op: str, event: str, shown: Shown, method: Callable[..., Any],
+                 args: tuple, kwargs: dict) -> Any:
+        """``method`` (operation ``op``) run with its profiler event (named after
+        ``event``) and the group's hooks around it."""
         inputs, outputs, root, async_op = shown
         record = None
-        if _profiler._is_profiler_enabled:
-            record = Record(title(self._state.backend_name, op),
-                            inputs if inputs or op in ("barrier",) else outputs)
+        if _profiler._is_profiler_enabled:  # a receive's event shows its buffer
+            record = Record(title(self._state.backend_name, event), inputs or outputs)
         watch = self._state.watch
         op_id = watch.before(op, async_op, root, inputs, outputs) if watch is not None else 0
         try:
