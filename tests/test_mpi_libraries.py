@@ -166,7 +166,7 @@ def test_ranks_in_different_gated_collectives_fail_at_once():
     found = dict(results(output))
     assert sorted(found) == [0, 1, 2], output
     for rank, fields in found.items():
-        assert fields["kind"] == "DistBackendError", fields
+        assert fields["kind"] == "DistDesyncError", fields  # the ranks called different ones
         assert float(fields["elapsed"]) < 10, fields  # at once, not after the timeout
         assert "different collectives" in fields["error"]
         assert "MPI_Allreduce of 1048576 bytes" in fields["error"]
