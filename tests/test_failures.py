@@ -27,7 +27,9 @@ from hpccomm.stores import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "elastic_data_parallel.py")
-#: Runs of each traceback case: the loss was a race seen about once in ten runs.
+#: Runs of each traceback case: the loss was a race seen about once in ten runs. The
+#: torch cases run a third as often: the race is in the abort path they share with the
+#: others (torch's excepthook only wraps hpccomm's), and each run imports torch (~2 s).
 REPEATS = int(os.environ.get("HPCCOMM_TEST_FAILURE_REPEATS", "30"))
 #: Jobs at once: the launchers mostly wait, and a loaded machine makes the race likelier.
 AT_ONCE = 2
@@ -77,10 +79,11 @@ def test_no_traceback_is_lost(case):
     if case.startswith("torch"):
         pytest.importorskip("torch", reason="torch is not installed: the torch excepthook "
                                             "cases need it")
+    repeats = max(1, REPEATS // 3) if case.startswith("torch") else REPEATS
     with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
-        runs = list(pool.map(_one_traceback_run, [case] * REPEATS))
+        runs = list(pool.map(_one_traceback_run, [case] * repeats))
     lost = [text for bad, text in runs if bad]
-    assert not lost, f"{len(lost)} of {REPEATS} runs lost the traceback; first:\n{lost[0]}"
+    assert not lost, f"{len(lost)} of {repeats} runs lost the traceback; first:\n{lost[0]}"
 
 
 # -- a dead rank ends the job ------------------------------------------------------------------
