@@ -671,9 +671,11 @@ def test_collectives_captured_in_a_cuda_graph_make_no_forbidden_call(dist, case,
                 assert work.wait() is True
         finally:
             graph = stream.end_capture()
-    assert cupy.cuda.violations == []
-    made = {key: cupy.cuda.counts[key] - before[key] for key in before}
-    assert made == dict(made, events=0, allocations=0, records=0, waits=0, queries=0), made
+    assert cupy.cuda.violations == []  # an event query by this thread would be one
+    # Queries are not counted here: the watchdog's thread may still be querying the events
+    # of the calls made before the capture, which is allowed while another thread captures.
+    made = {key: cupy.cuda.counts[key] - before[key] for key in before if key != "queries"}
+    assert made == dict(made, events=0, allocations=0, records=0, waits=0), made
     names = ["allReduce", "broadcast", "allGather", "reduceScatter", "allReduce"]
     assert graph.captured == names * 2  # all on the capturing stream, nothing else
 
