@@ -21,7 +21,7 @@ from . import work as _waits
 from .backends.base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER,  # noqa: F401
                             BROADCAST, REDUCE, REDUCE_SCATTER)
 from ._arrays import FAMILY, as_array, device_of, dtype_family, reduce_problem
-from .errors import CallsDiffer, DistError
+from .errors import DistError, Undescribed
 from .group import GroupLike, ProcessGroup, member_group, registry, skip
 from .types import RedOpType, split_op
 from .work import Work, chain, failure_error, poll
@@ -314,7 +314,7 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
         observed = _observe.tracks_work
     try:
         started = start(*args)
-    except CallsDiffer as exc:  # found at the start: the ranks called different ones
+    except Undescribed as exc:  # found at the start: differing calls, absent ranks
         raise _start_failed(pg, op, exc, arr) from None
     except DistError:
         raise
@@ -342,7 +342,7 @@ def launch(pg: ProcessGroup, op: str, start: Callable[..., Any], args: tuple, ar
         if after is not None:
             after()
         return value
-    except CallsDiffer as exc:  # found as it ran: the ranks called different ones
+    except Undescribed as exc:  # found as it ran: the ranks called different ones
         raise _start_failed(pg, op, exc, arr) from None
     except DistError:
         raise
@@ -370,7 +370,7 @@ def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: in
     seq = pg.seq = pg.seq + 1
     try:
         running = cpu.sum_in_place_at(address, count, datatype, limit)
-    except CallsDiffer as exc:
+    except Undescribed as exc:
         raise _start_failed(pg, op, exc, arr) from None
     except Exception as exc:
         raise _start_failed(pg, op, exc) from exc
@@ -424,7 +424,7 @@ def small(pg: ProcessGroup, op: str, code: int, send: Any, recv: Any, redop: Any
         return False
     try:
         running = run(code, send, recv, redop, root)
-    except CallsDiffer as exc:  # the ranks called different collectives
+    except Undescribed as exc:  # the ranks called different collectives
         raise _start_failed(pg, op, exc, recv if recv is not None else send) from None
     if running < 0:
         return False

@@ -44,17 +44,31 @@ class DistDesyncError(DistError):
     operation ran (the group is unusable afterwards: destroy it)."""
 
 
-class CallsDiffer(DistDesyncError):
+class Undescribed(DistError):
+    """An error a backend raised that names neither the operation nor the group (a
+    backend knows neither): the dispatch layer re-raises it as its public class, the
+    first base of its own, with both named (:func:`described`)."""
+
+
+class CallsDiffer(DistDesyncError, Undescribed):
     """What a backend found as an operation ran: the ranks of its group called different
-    operations. Its message names the calls but neither the operation's name nor the
-    group (a backend knows neither); the dispatch layer re-raises it as a
-    :class:`DistDesyncError` that does (:func:`described`)."""
+    operations. Its message names the calls; the dispatch layer re-raises it as a
+    :class:`DistDesyncError` that names the operation and the group."""
 
 
-def described(where: str, exc: CallsDiffer) -> DistDesyncError:
+class NeverCame(DistTimeoutError, Undescribed):
+    """A backend's meeting under the group's timeout (before a call that cannot time out,
+    such as NCCL communicator creation) that some ranks never came to. Its message names
+    those ranks; the dispatch layer re-raises it as a :class:`DistTimeoutError` that
+    names the operation and the group."""
+
+
+def described(where: str, exc: Undescribed) -> DistError:
     """``exc`` as the user sees it, after ``where`` (``hpccomm.all_reduce on rank 0/4 of
-    group 'WORLD'``)."""
-    error = DistDesyncError(f"{where}: {exc}")
+    group 'WORLD'``), as its public class (:class:`DistDesyncError` for
+    :class:`CallsDiffer`, :class:`DistTimeoutError` for :class:`NeverCame`)."""
+    public = type(exc).__bases__[0]
+    error = public(f"{where}: {exc}")
     error.__cause__ = None
     return error
 

@@ -30,9 +30,9 @@ class Tag(enum.IntEnum):
     ROLLCALL = INTERNAL_TAG + 16           # a timed-out rank's report to the others
     RENDEZVOUS_ARRIVE = INTERNAL_TAG + 24  # rendezvous under a deadline: arrived
     RENDEZVOUS_RELEASE = INTERNAL_TAG + 25  # rendezvous: the leader lets everyone go
-    NCCL_DEVICE_CHECK = INTERNAL_TAG + 32  # a pair communicator's ranks: which GPU each uses
+    NCCL_DEVICE_CHECK = INTERNAL_TAG + 32  # before an NCCL communicator: which GPU each uses
+    NCCL_CREATION_RELEASE = INTERNAL_TAG + 33  # the leader's verdict (and NCCL unique id)
     SHM_PROGRESS = INTERNAL_TAG + 60       # never sent: probing it only progresses MPI
-    NCCL_BOOTSTRAP = 32767                 # a pair communicator's NCCL unique id
 
 #: Default timeout of collectives on CPU groups, as torch's ``default_pg_timeout``.
 default_pg_timeout = datetime.timedelta(minutes=30)

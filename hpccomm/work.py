@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import observe as _observe
-from .errors import (CallsDiffer, DistBackendError, DistError, DistTimeoutError, described,
+from .errors import (DistBackendError, DistError, DistTimeoutError, Undescribed, described,
                      process_failed)
 from .types import timeout_seconds
 
@@ -353,7 +353,7 @@ class Work:
 
     def _fail(self, exc: BaseException) -> None:
         self._state = _FAILED
-        if not isinstance(exc, DistError) or isinstance(exc, CallsDiffer):
+        if not isinstance(exc, DistError) or isinstance(exc, Undescribed):
             exc = failure_error(self.describe(), self.group, exc)
         self._error = exc
         keep, self._keep = self._keep, None
@@ -493,7 +493,7 @@ def failure_error(what: str, group: Any, exc: BaseException) -> DistError:
     """A library error of operation ``what`` on ``group`` as a :class:`DistError`: a
     ``ProcessFailedError`` naming the failed ranks if ``group`` says it reports a process
     failure (the group then is revoked), else a ``DistBackendError``."""
-    if isinstance(exc, CallsDiffer):  # the ranks' calls differ: said as it is
+    if isinstance(exc, Undescribed):  # named by the backend: said as it is
         return described(what, exc)
     failed = None
     if group is not None:

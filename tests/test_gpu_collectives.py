@@ -445,6 +445,77 @@ def test_two_ranks_on_one_gpu_are_named_on_every_rank(dist, case, rank, size, fi
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("first", ["collective", "send"])
+def test_a_rank_missing_from_nccl_creation_is_named_on_every_rank(dist, case, rank, size,
+                                                                 first):
+    """The last rank never makes the GPU call that creates a communicator (the group's,
+    or the pair of ranks 0 and the last): every rank that came raises a timeout within
+    the group's timeout naming it, instead of waiting in NCCL's creation, and the group's
+    CPU side stays usable."""
+    if case.lib != "sim" or case.backend != "nccl":
+        pytest.skip("needs the simulated device (a communicator creation that can hang)")
+    import time
+
+    last = size - 1
+    pg = dist.new_group(list(range(size)), backend="cpu:mpi,cuda:nccl", timeout=1.5)
+    try:
+        x = case.arr(np.ones(3, np.float32))
+        text = None
+        comes = rank != last and (first == "collective" or rank == 0)
+        if comes:
+            start = time.monotonic()
+            with pytest.raises(dist.DistTimeoutError) as caught:
+                if first == "collective":
+                    dist.all_reduce(x, group=pg)
+                else:
+                    dist.send(x, last, group=pg)
+            assert time.monotonic() - start < 1.5 + 1.5  # the timeout and the verdict's way
+            text = str(caught.value)
+            op = "all_reduce" if first == "collective" else "send"
+            made = ("the group's communicator" if first == "collective" or size == 2
+                    else f"the pair communicator of ranks 0 and {last}")
+            for needle in (f"hpccomm.{op}", f"on rank {rank}/{size}", "NCCL communicator "
+                           f"creation ({made})", f"rank {last} of the group (global rank "
+                           f"{last}) never came within 1.5 s", "usable for CPU arrays"):
+                assert needle in text, (needle, text)
+        texts = [None] * size
+        dist.all_gather_object(texts, text)
+        assert texts[0] is not None, texts
+        dist.barrier(group=pg)  # the group's CPU side still works
+    finally:
+        dist.destroy_process_group(pg)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_ranks_calling_for_different_nccl_communicators_are_named(dist, case, rank, size):
+    """Rank 2 sends to rank 0 (their pair communicator) while the others all_reduce (the
+    group's): rank 0, first of both, takes rank 2's coming for the group's meeting and
+    refuses it, and every rank raises the same error naming what each came to make;
+    nothing waits in NCCL."""
+    if case.lib != "sim" or case.backend != "nccl":
+        pytest.skip("needs the simulated device")
+    pg = dist.new_group(list(range(size)), backend="cpu:mpi,cuda:nccl", timeout=5)
+    try:
+        x = case.arr(np.ones(3, np.float32))
+        with pytest.raises(dist.DistError) as caught:
+            if rank == 2:
+                dist.send(x, 0, group=pg)
+            else:
+                dist.all_reduce(x, group=pg)
+        text = str(caught.value)
+        for needle in ("rank 2 of the group comes to make the pair communicator of ranks 0 "
+                       "and 2", "come to make the group's communicator", "Nothing was "
+                       "created"):
+            assert needle in text, (needle, text)
+        texts = [None] * size
+        dist.all_gather_object(texts, text)
+        assert len(set(texts)) == 1, texts  # the same words on every rank
+        dist.barrier(group=pg)
+    finally:
+        dist.destroy_process_group(pg)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_ranks_on_distinct_gpus_pass_the_check(dist, case, rank, size):
     if case.lib != "sim" or case.backend != "nccl":
         pytest.skip("needs the simulated device to report chosen UUIDs")

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..._arrays import FAMILY
 from ...errors import DistBackendError, DistError, DistTimeoutError, DistValueError
-from ...types import RedOpType, Tag
+from ...types import RedOpType
 from ...work import Work
 from . import device as _cuda, nccl_lib, shared_gpu
 from .nccl_plan import UFUNC, Plan, make_plan, offsets
@@ -44,8 +44,6 @@ from ..base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, REDUCE, REDUC
 
 _SUM, _AVG, _PREMUL = RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM
 
-#: MPI tag for sending a pair communicator's unique id (top of hpccomm's reserved range).
-BOOTSTRAP_TAG = Tag.NCCL_BOOTSTRAP
 _MEMCPY_D2D = 3  # cudaMemcpyDeviceToDevice
 _available: Optional[bool] = None
 #: Operation code -> name, for the watchdog's message about a synchronous call.
@@ -142,21 +140,18 @@ class NCCLCommunicator(Communicator):
         return made
 
     def _full(self) -> Any:
-        """The group's NCCL communicator; made on first use (collective over the group)."""
+        """The group's NCCL communicator; made on first use (collective over the group,
+        after the meeting that names absent ranks: :func:`.shared_gpu.meet`)."""
         if self._comm is None:
             self._not_capturing("its first collective makes the group's NCCL communicator")
-            shared_gpu.check_group(self.mpi_comm, self.cp, self.device, self.timeout)
-            payload: Any = None
-            if self.rank == 0:
-                try:
-                    payload = ("id", self.nccl.get_unique_id())
-                except Exception as exc:
-                    payload = ("error", str(exc))
-            payload = self.mpi_comm.bcast(payload, root=0)
-            if payload[0] != "id":
-                raise DistBackendError(f"rank 0 could not create an NCCL unique id: {payload[1]}")
-            self._comm = self._new_comm(self.size, payload[1], self.rank)
+            uid = self._meet(list(range(self.size)), "group")
+            self._comm = self._new_comm(self.size, uid, self.rank)
         return self._comm
+
+    def _meet(self, members: List[int], key: str) -> Tuple[int, ...]:
+        """The meeting before communicator ``key`` of ``members``: its NCCL unique id."""
+        return shared_gpu.meet(self.mpi_comm, members, key, self.cp, self.device,
+                               self.timeout, self.nccl.get_unique_id)
 
     def _p2p(self, peer: int) -> Tuple[Any, int]:
         """(communicator, peer's rank in it) for a send or receive outside a batch."""
@@ -171,16 +166,10 @@ class NCCLCommunicator(Communicator):
             return self._full(), peer
         self._not_capturing("a first send or receive between two ranks makes their NCCL "
                             "communicator")
-        shared_gpu.check_pair(self.mpi_comm, self.cp, self.device, self.rank, peer,
-                              self.timeout)
-        low = self.rank < peer
-        if low:
-            uid = self.nccl.get_unique_id()
-            self.mpi_comm.send(uid, dest=peer, tag=BOOTSTRAP_TAG)
-        else:
-            uid = self.mpi_comm.recv(source=peer, tag=BOOTSTRAP_TAG)
-        pair = self._pairs[peer] = self._new_comm(2, uid, 0 if low else 1)
-        return pair, 1 if low else 0
+        low, high = sorted((self.rank, peer))
+        uid = self._meet([low, high], f"pair {low}-{high}")
+        pair = self._pairs[peer] = self._new_comm(2, uid, 0 if self.rank == low else 1)
+        return pair, 1 if self.rank == low else 0
 
     def _open_group(self) -> None:
         if not self._group_open:

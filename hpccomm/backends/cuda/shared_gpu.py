@@ -1,33 +1,40 @@
-"""Two ranks of one NCCL communicator on one GPU: named before NCCL is asked.
+"""The meeting before an NCCL communicator is made: every rank comes, no two share a GPU.
 
-NCCL refuses a communicator in which two ranks use the same device, with only
-``NCCL_ERROR_INVALID_USAGE`` to say so. Before a communicator is created, its ranks
-exchange where they run (host name, world rank, device index and the device's UUID) over
-MPI, under the group's timeout: :func:`check_group` with one allgather on the group's
-MPI communicator, :func:`check_pair` with one exchange between the two ranks of a pair
-communicator. If two ranks share a device, every one of them raises the same
-:class:`~hpccomm.errors.DistBackendError`, which names the ranks, the host, the device
-and the ways out.
+``ncclCommInitRank`` blocks until every rank of the new communicator calls it, with no
+deadline, and NCCL refuses a communicator in which two ranks use the same device with
+only ``NCCL_ERROR_INVALID_USAGE`` to say so. So before a communicator is created, its
+ranks meet over MPI under the group's timeout (:func:`meet`, a
+:mod:`~hpccomm.backends.mpi.meeting` on the NCCL tags), each bringing which communicator
+it came to make and where it runs (world rank, device index, host name and the device's
+UUID). The leader, the communicator's first rank, then answers every rank at once:
 
-A rank whose device UUID cannot be read (an old CuPy or driver) still takes part in the
-exchange, so nobody waits for it, but is left out of the comparison: then the check
-can only be silent, never wrong.
+* the NCCL unique id, when all came, to make the same communicator, on distinct GPUs;
+* :class:`~hpccomm.errors.NeverCame` naming the ranks that did not come within the
+  timeout (the dispatch layer adds the operation and the group);
+* a :class:`~hpccomm.errors.DistBackendError`, the same on every rank, naming the ranks
+  that share a device (host, device, UUID and the ways out), or the ranks that came to
+  make another communicator (a call on another group or pair).
+
+Once every rank holds the id, NCCL's creation has nobody left to wait for. A rank whose
+device UUID cannot be read (an old CuPy or driver) still comes, but is left out of the
+comparison: then the check can only be silent, never wrong.
 """
 from __future__ import annotations
 
 import socket
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...errors import DistBackendError
-from ...types import Tag
-from ...work import Work
+from ...errors import DistBackendError, NeverCame
+from ..mpi import meeting
 
 #: Bytes of one rank's record in the exchange (``world\tdevice\thost\tuuid``, NUL-padded).
 RECORD_BYTES = 512
-#: The MPI tag of the exchange between the two ranks of a pair communicator.
-PAIR_TAG = Tag.NCCL_DEVICE_CHECK
+#: Bytes of the name of the communicator a rank came to make, in its record.
+KEY_BYTES = 64
+#: Bytes of an NCCL unique id (``NCCL_UNIQUE_ID_BYTES``).
+UID_BYTES = 128
 
 #: One rank's facts: (world rank, device index, host name, device UUID or "").
 Identity = Tuple[int, int, str, str]
@@ -135,27 +142,77 @@ def _raise_if_shared(table: Sequence[Identity], ranks: Optional[Sequence[int]]) 
         raise DistBackendError(message(table, shared, ranks))
 
 
-def check_group(comm: Any, cp: Any, device: int, timeout: Optional[float]) -> None:
-    """Collective over ``comm`` (the group's MPI communicator): raise on every rank if
-    two of its ranks are on one GPU. One allgather, bounded by ``timeout``."""
-    from ..mpi.plumbing import allgather
+def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
+         timeout: Optional[float], unique_id: Callable[[], Any]) -> Tuple[int, ...]:
+    """The meeting of ``members`` (positions in ``comm``, the group's MPI communicator,
+    in the new communicator's rank order; this rank among them) before they make the
+    NCCL communicator ``key`` names (``"group"``, ``"pair 0-2"``): returns the unique id
+    (CuPy's form, a tuple of 128 signed chars) that ``unique_id()`` made on the first
+    member; raises on every member if some never came within ``timeout`` seconds, if
+    two share a GPU, or if they came to make different communicators."""
+    members = [int(m) for m in members]
+    what = f"NCCL communicator creation ({_described(key, members)})"
 
-    rows = allgather(comm, encode(identity(cp, device)),
-                     "NCCL communicator creation (ranks comparing their GPUs)", timeout)
-    _raise_if_shared([decode(row) for row in rows], None)
+    def judge(records: List[np.ndarray]) -> bytes:
+        keys = [bytes(r[RECORD_BYTES:]).rstrip(b"\0").decode(errors="replace")
+                for r in records]
+        if any(k != keys[0] for k in keys):
+            raise DistBackendError(_different(keys, members))
+        _raise_if_shared([decode(r[:RECORD_BYTES]) for r in records], members)
+        uid = bytes(b & 0xFF for b in unique_id())
+        if len(uid) != UID_BYTES:
+            raise DistBackendError(f"NCCL made a unique id of {len(uid)} bytes, not "
+                                   f"{UID_BYTES}")
+        return uid
+
+    def missing(named: List[int], count: int, leader: Optional[int]) -> NeverCame:
+        return NeverCame(_never_came(comm, members, what, named, count, leader, timeout))
+    mine = np.zeros(RECORD_BYTES + KEY_BYTES, np.uint8)
+    mine[:RECORD_BYTES] = encode(identity(cp, device))
+    text = key.encode()[:KEY_BYTES]
+    mine[RECORD_BYTES:RECORD_BYTES + len(text)] = np.frombuffer(text, np.uint8)
+    answer = meeting.meet(comm, members, meeting.NCCL_CREATION, what, timeout, missing,
+                          record=mine, judge=judge)
+    return tuple(int(b) for b in np.frombuffer(answer, np.int8))
 
 
-def check_pair(comm: Any, cp: Any, device: int, rank: int, peer: int,
-               timeout: Optional[float]) -> None:
-    """For a pair communicator of ``rank`` and ``peer`` (ranks of ``comm``): both
-    exchange their records and both raise if they share a GPU (bounded by ``timeout``)."""
-    mine = encode(identity(cp, device))
-    theirs = np.empty_like(mine)
-    requests = [comm.Irecv(theirs, source=peer, tag=PAIR_TAG),
-                comm.Isend(mine, dest=peer, tag=PAIR_TAG)]
-    work = Work(lambda: all(request.Test() for request in requests), None, (mine, theirs))
-    work.op, work.timeout = "NCCL pair communicator creation (comparing GPUs)", timeout
-    work.wait()
-    low, high = sorted((rank, peer))
-    records = {rank: decode(mine), peer: decode(theirs)}
-    _raise_if_shared([records[low], records[high]], [low, high])
+def _described(key: str, members: Sequence[int]) -> str:
+    if key == "group":
+        return "the group's communicator"
+    return f"the pair communicator of ranks {_names(members)}"
+
+
+def _different(keys: Sequence[str], members: Sequence[int]) -> str:
+    """The refusal when the ranks came to make different communicators."""
+    by_key: Dict[str, List[int]] = {}
+    for member, key in zip(members, keys):
+        by_key.setdefault(key, []).append(member)
+    parts = [f"rank{'s' if len(ranks) > 1 else ''} {_names(ranks)} of the group "
+             f"{'come' if len(ranks) > 1 else 'comes'} to make "
+             f"{_described(key, _pair(key, members))}" for key, ranks in by_key.items()]
+    return ("hpccomm NCCL backend: the ranks called for different NCCL communicators (a "
+            "GPU call on another group or pair, or a call one rank skipped): " +
+            "; ".join(parts) + ". Nothing was created.")
+
+
+def _pair(key: str, members: Sequence[int]) -> List[int]:
+    try:
+        return [int(r) for r in key.split(" ", 1)[1].split("-")]
+    except (IndexError, ValueError):
+        return list(members)
+
+
+def _never_came(comm: Any, members: Sequence[int], what: str, named: List[int], count: int,
+                leader: Optional[int], timeout: Optional[float]) -> str:
+    """A meeting's absent ranks in words: group ranks, with their global ranks."""
+    from ..mpi.plumbing import ranks_in, world
+
+    worlds = ranks_in(comm, world())
+    more = f" (and {count - len(named)} more)" if count > len(named) else ""
+    who = (f"rank {named[0]} of the group (global rank {worlds[named[0]]})" if count == 1
+           else f"ranks {_names(named)}{more} of the group (global ranks "
+                f"{_names([worlds[r] for r in named])})")
+    told = (f", as rank {leader}, the communicator's first, found" if leader is not None
+            else "")
+    return (f"{what}: {who} never came within {timeout} s{told}. No NCCL communicator "
+            f"was made; the group stays usable for CPU arrays")

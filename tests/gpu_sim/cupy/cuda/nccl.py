@@ -44,7 +44,8 @@ def get_version():
 
 
 def get_unique_id():
-    return os.urandom(128)
+    # as CuPy: a tuple of 128 signed chars (ncclUniqueId.internal)
+    return tuple(b - 256 if b > 127 else b for b in os.urandom(128))
 
 
 def groupStart():
@@ -85,7 +86,9 @@ def _reduce(parts, op, dtype):
 
 class NcclCommunicator:
     def __init__(self, ndev, commId, rank):
-        assert len(commId) == 128
+        if not isinstance(commId, tuple) or len(commId) != 128:  # as CuPy's typed argument
+            raise TypeError(f"commId must be a tuple of 128 chars, got {type(commId).__name__}")
+        commId = bytes(b & 0xFF for b in commId)
         world = MPI.COMM_WORLD
         where = os.path.join(tempfile.gettempdir(), "sim-nccl-" + commId[:12].hex())
         os.makedirs(where, exist_ok=True)
