@@ -18,7 +18,8 @@
 # AddressSanitizer and UndefinedBehaviorSanitizer (tests/sanitize.py). The torch tests
 # run once more on torch 2.14.1 (.venv-torch214). What only repeats an earlier run at
 # more ranks or on another MPI (the frameworks at 4 ranks, torch's own suite outside the
-# two torch runs, the mistakes harness under Intel MPI) is deselected there.
+# two torch runs, the mistakes harness under Intel MPI, the serial tests whose outcome
+# the MPI library does not decide) is deselected there.
 # The last line adds the runs up; the exit status is non-zero if any run failed.
 # HPCCOMM_TEST_MPIS=mpich,openmpi,impi picks the libraries; extra arguments go to
 # every tests/run_suite.py.
@@ -65,6 +66,34 @@ FRAMEWORKS_AT_4="--deselect tests/test_frameworks.py::test_recipe_trains_like_gl
                  --deselect tests/test_frameworks.py::test_torchrun_script_runs_unchanged[4]
                  --deselect tests/test_frameworks.py::test_torch_mpi_backend_script_runs_unchanged[4]"
 TORCH_SUITE="--deselect tests/test_torch_suite.py"
+#: Serial tests that MPICH's run covers for the other libraries: what runs no job (the
+#: architecture, the stores, the simulated GPU's set-up), what torch or a framework
+#: judges rather than the library (torch's tests as ported, the torch cases of the
+#: traceback test, torch's waits, debug names and re-initialization, DeepSpeed's recipe),
+#: and jobs whose library part other tests cover (checkpoints, the examples, the bench
+#: table, the 4-rank DDP example, the mistakes on simulated nodes). The others keep what
+#: the launcher or the library decides: how jobs start, fail, abort and time out.
+SERIAL_MPICH_COVERS=()
+for nodeid in tests/test_architecture.py tests/test_core_types.py tests/test_settings.py \
+        tests/test_docs.py tests/test_mesh_layout.py tests/test_stores.py \
+        tests/test_store_tcp.py tests/test_store_file.py tests/test_gpu_setup.py \
+        tests/test_torch_compatibility.py tests/torch_port/ tests/test_checkpoint.py \
+        tests/test_examples.py \
+        "tests/test_failures.py::test_no_traceback_is_lost[torch_mpi_exception]" \
+        "tests/test_failures.py::test_no_traceback_is_lost[torch_env_exception]" \
+        tests/test_torch_launch.py::test_every_kind_of_wait_times_out_naming_the_operation \
+        tests/test_torch_launch.py::test_reinit_after_destroy \
+        tests/test_torch_launch.py::test_torch_debug_detail_on_every_name \
+        tests/test_torch_launch.py::test_mixed_cpu_hpccomm_cuda_nccl \
+        "tests/test_torch_launch.py::test_ddp_example[hpccomm run-4]" \
+        "tests/test_frameworks.py::test_recipe_trains_like_gloo[deepspeed_cpu.py-2]" \
+        tests/test_cli.py::test_bench_measures_hpccomm_against_mpi4py_on_two_ranks \
+        "tests/test_mistakes.py::test_every_rank_names_the_mistake[4-ranks-2-nodes]"; do
+    SERIAL_MPICH_COVERS+=("--serial-deselect=$nodeid")
+done
+#: DeepSpeed's recipe (a minute) runs on torch 2.13 only: the torch 2.14 run keeps the
+#: recipes of Lightning and Accelerate.
+DEEPSPEED="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[deepspeed_cpu.py-2]"
 #: MPI tests that also run at 8 ranks, and those that run with the sanitized helpers
 EIGHT="tests/test_differential.py tests/test_stress.py tests/test_collectives.py
        tests/test_groups.py tests/test_shm.py tests/test_shm_small.py tests/test_shm_plan.py"
@@ -98,7 +127,7 @@ for mpi in ${MPIS//,/ }; do
             # suite included: it judges each release)
             venv .venv-torch214 test,torch,frameworks torch==2.14.1
             suite "MPICH, torch 2.14" .venv-torch214 mpich --ranks 1,2,4 $TORCH_TESTS \
-                $FRAMEWORKS_AT_4 "$@" || status=1 ;;
+                $FRAMEWORKS_AT_4 $DEEPSPEED "$@" || status=1 ;;
         openmpi)
             venv .venv-openmpi test-openmpi,torch,frameworks torch==2.13.0
             # Open MPI refuses root unless told, and more ranks than cores (4 on 2).
@@ -106,8 +135,8 @@ for mpi in ${MPIS//,/ }; do
                 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
             fi
             export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
-            suite "Open MPI" .venv-openmpi openmpi $FRAMEWORKS_AT_4 $TORCH_SUITE "$@" \
-                || status=1
+            suite "Open MPI" .venv-openmpi openmpi $FRAMEWORKS_AT_4 $TORCH_SUITE \
+                "${SERIAL_MPICH_COVERS[@]}" "$@" || status=1
             suite "Open MPI, 8 ranks" .venv-openmpi openmpi --ranks 8 --no-serial $EIGHT "$@" \
                 || status=1
             unset PRTE_MCA_rmaps_default_mapping_policy ;;
@@ -115,7 +144,7 @@ for mpi in ${MPIS//,/ }; do
             venv .venv-impi test-impi
             # (the mistakes harness runs under MPICH and Open MPI)
             suite "Intel MPI" .venv-impi impi-rt --ranks 1,2 --deselect tests/test_mistakes.py \
-                "$@" || status=1 ;;
+                "${SERIAL_MPICH_COVERS[@]}" "$@" || status=1 ;;
         *)
             echo "tests/run.sh: unknown MPI '$mpi' in HPCCOMM_TEST_MPIS (mpich, openmpi, impi)"
             exit 2 ;;

@@ -19,7 +19,8 @@ Several invocations (one per MPI library, say) combine into one final line: give
     python tests/run_suite.py --summarize R.jsonl
 
 Usage: python tests/run_suite.py [--ranks 1,2,4] [--nodes K] [--no-serial] [--label L]
-                                 [--results FILE] [--summarize FILE] [pytest args...]
+                                 [--serial-deselect NODEID]... [--results FILE]
+                                 [--summarize FILE] [pytest args...]
 
 ``--nodes K`` runs the MPI tests as K simulated nodes of consecutive ranks (MPICH's
 cliques, else ``HPCCOMM_NODES``), as a multi-node job places them.
@@ -182,6 +183,9 @@ def main():
                         help="run the MPI tests as this many simulated nodes of consecutive "
                              "ranks (MPICH's cliques; HPCCOMM_NODES for other libraries)")
     parser.add_argument("--no-serial", action="store_true", help="run only the MPI tests")
+    parser.add_argument("--serial-deselect", action="append", default=[], metavar="NODEID",
+                        help="leave this test, file or folder out of the serial tests only "
+                             "(repeatable; the MPI tests still run what it holds)")
     parser.add_argument("--label", default="default",
                         help="name of this run in combined summaries (e.g. the MPI library)")
     parser.add_argument("--results", help="append this run's outcomes to this JSON-lines file")
@@ -196,7 +200,8 @@ def main():
     problems, outcomes = [], {}
     if not args.no_serial:
         code = run([sys.executable, "-m", "pytest", "-q", "-m", "not mpi", "-p",
-                    "no:cacheprovider", f"--junitxml={REPORTS}/serial.xml", *extra],
+                    "no:cacheprovider", f"--junitxml={REPORTS}/serial.xml", *extra,
+                    *(f"--deselect={nodeid}" for nodeid in args.serial_deselect)],
                    "serial tests")
         outcomes.update(collect("serial", "serial.xml", 1, code, problems))
     env = simulated_nodes(args.nodes)
