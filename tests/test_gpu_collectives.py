@@ -486,6 +486,26 @@ def test_a_rank_missing_from_nccl_creation_is_named_on_every_rank(dist, case, ra
         dist.destroy_process_group(pg)
 
 
+def test_the_unique_id_reaches_every_rank_in_the_form_cupy_gave_it(dist, case, rank, size):
+    """CuPy 13 and later give and take the id as bytes, earlier releases as a tuple of
+    signed chars: the meeting hands each rank the form the first rank's CuPy made."""
+    if case.lib != "sim" or case.backend != "nccl":
+        pytest.skip("needs the simulated device")
+    import cupy
+    from mpi4py import MPI
+
+    from hpccomm.backends.cuda import shared_gpu
+
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        for made in (bytes(range(128)), tuple(range(-64, 64))):
+            got = shared_gpu.meet(comm, list(range(size)), "group", cupy, 0, 10.0,
+                                  lambda: made)
+            assert type(got) is type(made) and got == made, (type(got), got)
+    finally:
+        comm.Free()
+
+
 @pytest.mark.mpi(min_size=3)
 def test_ranks_calling_for_different_nccl_communicators_are_named(dist, case, rank, size):
     """Rank 2 sends to rank 0 (their pair communicator) while the others all_reduce (the

@@ -148,7 +148,7 @@ class NCCLCommunicator(Communicator):
             self._comm = self._new_comm(self.size, uid, self.rank)
         return self._comm
 
-    def _meet(self, members: List[int], key: str) -> Tuple[int, ...]:
+    def _meet(self, members: List[int], key: str) -> Any:
         """The meeting before communicator ``key`` of ``members``: its NCCL unique id."""
         return shared_gpu.meet(self.mpi_comm, members, key, self.cp, self.device,
                                self.timeout, self.nccl.get_unique_id)

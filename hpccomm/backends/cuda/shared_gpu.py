@@ -35,6 +35,10 @@ RECORD_BYTES = 512
 KEY_BYTES = 64
 #: Bytes of an NCCL unique id (``NCCL_UNIQUE_ID_BYTES``).
 UID_BYTES = 128
+#: The leader's answer starts with the form its CuPy gave the id in, which every rank's
+#: CuPy (the same release) takes back: ``bytes`` (CuPy 13 and later) or a tuple of 128
+#: signed chars (earlier releases).
+_AS_BYTES, _AS_CHARS = b"b", b"t"
 
 #: One rank's facts: (world rank, device index, host name, device UUID or "").
 Identity = Tuple[int, int, str, str]
@@ -143,12 +147,12 @@ def _raise_if_shared(table: Sequence[Identity], ranks: Optional[Sequence[int]]) 
 
 
 def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
-         timeout: Optional[float], unique_id: Callable[[], Any]) -> Tuple[int, ...]:
+         timeout: Optional[float], unique_id: Callable[[], Any]) -> Any:
     """The meeting of ``members`` (positions in ``comm``, the group's MPI communicator,
     in the new communicator's rank order; this rank among them) before they make the
     NCCL communicator ``key`` names (``"group"``, ``"pair 0-2"``): returns the unique id
-    (CuPy's form, a tuple of 128 signed chars) that ``unique_id()`` made on the first
-    member; raises on every member if some never came within ``timeout`` seconds, if
+    that ``unique_id()`` made on the first member, in the form it gave it (CuPy's:
+    ``bytes``, or a tuple of chars); raises on every member if some never came within ``timeout`` seconds, if
     two share a GPU, or if they came to make different communicators."""
     members = [int(m) for m in members]
     what = f"NCCL communicator creation ({_described(key, members)})"
@@ -159,11 +163,12 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
         if any(k != keys[0] for k in keys):
             raise DistBackendError(_different(keys, members))
         _raise_if_shared([decode(r[:RECORD_BYTES]) for r in records], members)
-        uid = bytes(b & 0xFF for b in unique_id())
+        made = unique_id()
+        uid = made if isinstance(made, bytes) else bytes(b & 0xFF for b in made)
         if len(uid) != UID_BYTES:
             raise DistBackendError(f"NCCL made a unique id of {len(uid)} bytes, not "
                                    f"{UID_BYTES}")
-        return uid
+        return (_AS_BYTES if isinstance(made, bytes) else _AS_CHARS) + uid
 
     def missing(named: List[int], count: int, leader: Optional[int]) -> NeverCame:
         return NeverCame(_never_came(comm, members, what, named, count, leader, timeout))
@@ -173,7 +178,8 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
     mine[RECORD_BYTES:RECORD_BYTES + len(text)] = np.frombuffer(text, np.uint8)
     answer = meeting.meet(comm, members, meeting.NCCL_CREATION, what, timeout, missing,
                           record=mine, judge=judge)
-    return tuple(int(b) for b in np.frombuffer(answer, np.int8))
+    form, uid = answer[:1], answer[1:]
+    return uid if form == _AS_BYTES else tuple(int(b) for b in np.frombuffer(uid, np.int8))
 
 
 def _described(key: str, members: Sequence[int]) -> str:

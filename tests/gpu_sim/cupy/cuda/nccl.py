@@ -44,8 +44,8 @@ def get_version():
 
 
 def get_unique_id():
-    # as CuPy: a tuple of 128 signed chars (ncclUniqueId.internal)
-    return tuple(b - 256 if b > 127 else b for b in os.urandom(128))
+    # as CuPy 13 and later: the 128 bytes of ncclUniqueId (older CuPy: a tuple of chars)
+    return os.urandom(128)
 
 
 def groupStart():
@@ -86,9 +86,8 @@ def _reduce(parts, op, dtype):
 
 class NcclCommunicator:
     def __init__(self, ndev, commId, rank):
-        if not isinstance(commId, tuple) or len(commId) != 128:  # as CuPy's typed argument
-            raise TypeError(f"commId must be a tuple of 128 chars, got {type(commId).__name__}")
-        commId = bytes(b & 0xFF for b in commId)
+        if not isinstance(commId, bytes) or len(commId) != 128:  # as CuPy's typed argument
+            raise TypeError(f"commId must be 128 bytes, got {type(commId).__name__}")
         world = MPI.COMM_WORLD
         where = os.path.join(tempfile.gettempdir(), "sim-nccl-" + commId[:12].hex())
         os.makedirs(where, exist_ok=True)
