@@ -54,22 +54,30 @@ def run_suite(mode, tmp_path):
                        "TORCH_SUITE_TEST_LIMIT": TEST_LIMIT,
                        "PYTORCH_PRINT_REPRO_ON_FAILURE": 0},
                   clean=["TORCH_DISTRIBUTED_DEBUG", "HPCCOMM_*"])
-    merged, seen = {}, collections.Counter()
+    merged, seen, by_rank = {}, collections.Counter(), collections.defaultdict(dict)
     for rank in range(ranks):
         path = tmp_path / f"results-{rank}.jsonl"
         rows = [json.loads(line) for line in path.read_text().splitlines()] \
             if path.exists() else []
         for name, outcome, message, _ in rows:
             seen[name] += 1
+            by_rank[name][rank] = (outcome, message)
             if name not in merged or outcome == "failed":
                 merged[name] = (outcome, message)
     unfinished = [rank for rank in range(ranks) if (tmp_path / f"started-{rank}").exists()
                   and (tmp_path / f"started-{rank}").read_text() not in seen]
     if job.code != 0 or job.timed_out or unfinished:
         hung = {rank: (tmp_path / f"started-{rank}").read_text() for rank in unfinished}
+        # a test that some ranks finished and others never did: how it ended where it did
+        # (a rank failing a check leaves the others waiting in its next collective)
+        partial = "".join(
+            f"\n{name} on rank {rank}: {outcome}: {message.strip()[-1500:]}"
+            for name, count in seen.items() if count < ranks
+            for rank, (outcome, message) in sorted(by_rank[name].items()))
         pytest.fail(f"torch's suite ({mode}) ended with exit {job.code}"
                     f"{' at its time limit' if job.timed_out else ''}; tests running when "
-                    f"it ended, by rank: {hung}\n{job.output[-8000:]}", pytrace=False)
+                    f"it ended, by rank: {hung}{partial}\n{job.output[-8000:]}",
+                    pytrace=False)
     return merged
 
 

@@ -141,6 +141,34 @@ def test_every_operation_is_one_async_profiler_event(world, make):
             assert event.input_shapes == [[3, 2]], (event.name, event.input_shapes)
 
 
+def test_an_async_event_has_ended_when_wait_returns(world, monkeypatch):
+    """The progress thread may complete an asynchronous operation, and end its event,
+    while the caller's wait() runs: wait() returns only once the event has ended (else
+    a caller leaving its profiler at once loses the event, on that rank only). Made
+    likely here by slowing the end of each event and giving the thread time to finish
+    the operation first."""
+    import time
+
+    from hpccomm.torch import profiling
+
+    ended = []
+    end = profiling.Record.end
+
+    def slow_end(record):
+        time.sleep(0.02)
+        end(record)
+        ended.append(1)
+    monkeypatch.setattr(profiling.Record, "end", slow_end)
+    x = torch.ones(2)
+    with torch.autograd.profiler.profile():
+        for i in range(10):
+            work = dist.all_reduce(x, async_op=True)
+            time.sleep(0.005)  # the progress thread finds it finished meanwhile
+            work.wait()
+            assert len(ended) == i + 1, "wait() returned before its event ended"
+    dist.barrier()
+
+
 def test_nothing_is_recorded_without_a_profiler(world, monkeypatch):
     from hpccomm.torch import profiling
 

@@ -106,7 +106,9 @@ class PendingWork(dist.Work):
         self._shared = False           # the progress thread drives it too
         self._polled = False           # a waiter polls it: the thread leaves it alone
         self._future: Optional[Future] = None
-        self._settled = False
+        self._settled = False          # the future, if any, has its outcome
+        self._closing = 0              # the thread closing it out (event, error), once one is
+        self._closed = False           # ... and has finished: waiters may return
         self._start = _monotonic()
         limit = work.timeout
         self._deadline = _INF if limit is None else self._start + limit
@@ -165,20 +167,35 @@ class PendingWork(dist.Work):
         record.end()
 
     def _settle(self) -> None:
-        """Once finished: end the profiler event, report a failure to the group, and
-        complete the future, if one was handed out, exactly once. (get_future() makes
-        the future before it checks ``done``, and the completing thread sets ``done``
-        before it calls this, so one of the two always sees both.)"""
-        record = self._record
-        if record is not None:
-            self._record = None
-            record.end()  # ends once, whichever thread gets here first
-        if self._on_error is not None:
-            error = self._work.exception()
-            if error is not None:
-                report, self._on_error = self._on_error, None
-                if report is not None:
-                    report(error)
+        """Once finished: end the profiler event and report a failure to the group,
+        exactly once, then complete the future, if one was handed out. Every thread that
+        saw the operation finish calls this, and none returns before the event has ended
+        and the failure was reported: a waiter whose operation another thread completed
+        must not leave its profiler (or see the error) before the event is recorded (or
+        the group's abort hooks ran). (get_future() makes the future before it checks
+        ``done``, and the completing thread sets ``done`` before it calls this, so one
+        of the two always sees both.)"""
+        if not self._closed:
+            with self._lock:
+                mine = not self._closing
+                if mine:
+                    self._closing = threading.get_ident()
+            if mine:
+                try:
+                    record = self._record
+                    if record is not None:
+                        self._record = None
+                        record.end()
+                    if self._on_error is not None:
+                        error = self._work.exception()
+                        if error is not None:
+                            report, self._on_error = self._on_error, None
+                            report(error)
+                finally:
+                    self._closed = True
+            elif self._closing != threading.get_ident():  # another thread closes it out
+                poll(self._closed_out, None)  # (a few µs; a hook of this thread's own
+                #                                that waits on the work returns at once)
         if self._future is None:
             return
         with self._lock:
@@ -191,6 +208,9 @@ class PendingWork(dist.Work):
             future.set_result(self._outputs)
         else:
             future.set_exception(for_torch(error))
+
+    def _closed_out(self) -> bool:
+        return self._closed
 
     def share(self, urgent: bool = False) -> "PendingWork":
         """Have the progress thread drive the work too (if MPI allows a second thread);
@@ -233,16 +253,22 @@ class PendingWork(dist.Work):
                 finally:
                     runner.release()
                 self._settle()
+        elif not self._closed:  # finished by the progress thread, maybe still closing
+            self._settle()
         error = self._work.exception()
         if error is not None:
             raise for_torch(error)
         return True
 
     def is_completed(self) -> bool:
-        return self.advance()
+        if not self.advance():
+            return False
+        if not self._closed:  # as in wait(): the event ended before the caller goes on
+            self._settle()
+        return True
 
     def is_success(self) -> bool:
-        return self.advance() and self._work.exception() is None
+        return self.is_completed() and self._work.exception() is None
 
     def exception(self) -> Optional[BaseException]:
         error = self._work.exception()
