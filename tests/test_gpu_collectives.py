@@ -506,6 +506,32 @@ def test_the_unique_id_reaches_every_rank_in_the_form_cupy_gave_it(dist, case, r
         comm.Free()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_first_rank_missing_from_nccl_creation_is_named_on_every_rank(dist, case, rank,
+                                                                        size):
+    """Rank 0, which answers the others' meeting, never makes the call: the others raise
+    a timeout naming it, after the group's timeout and the answer's grace."""
+    if case.lib != "sim" or case.backend != "nccl":
+        pytest.skip("needs the simulated device (a communicator creation that can hang)")
+    pg = dist.new_group(list(range(size)), backend="cpu:mpi,cuda:nccl", timeout=1.5)
+    try:
+        text = None
+        if rank != 0:
+            with pytest.raises(dist.DistTimeoutError) as caught:
+                dist.all_reduce(case.arr(np.ones(3, np.float32)), group=pg)
+            text = str(caught.value)
+            for needle in ("hpccomm.all_reduce", f"on rank {rank}/{size}",
+                           "rank 0 of the group (global rank 0), the communicator's first, "
+                           "did not answer within 1.5 s", "usable for CPU arrays"):
+                assert needle in text, (needle, text)
+        texts = [None] * size
+        dist.all_gather_object(texts, text)
+        assert all(t is not None for t in texts[1:]), texts
+        dist.barrier(group=pg)
+    finally:
+        dist.destroy_process_group(pg)
+
+
 @pytest.mark.mpi(min_size=3)
 def test_ranks_calling_for_different_nccl_communicators_are_named(dist, case, rank, size):
     """Rank 2 sends to rank 0 (their pair communicator) while the others all_reduce (the

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...errors import DistBackendError, NeverCame
+from ...errors import DistBackendError, DistTimeoutError, NeverCame
 from ..mpi import meeting
 
 #: Bytes of one rank's record in the exchange (``world\tdevice\thost\tuuid``, NUL-padded).
@@ -176,8 +176,13 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
     mine[:RECORD_BYTES] = encode(identity(cp, device))
     text = key.encode()[:KEY_BYTES]
     mine[RECORD_BYTES:RECORD_BYTES + len(text)] = np.frombuffer(text, np.uint8)
-    answer = meeting.meet(comm, members, meeting.NCCL_CREATION, what, timeout, missing,
-                          record=mine, judge=judge)
+    try:
+        answer = meeting.meet(comm, members, meeting.NCCL_CREATION, what, timeout, missing,
+                              record=mine, judge=judge)
+    except NeverCame:
+        raise
+    except DistTimeoutError:  # the first rank never took this rank's record or answered
+        raise NeverCame(_never_answered(comm, members, what, timeout)) from None
     form, uid = answer[:1], answer[1:]
     return uid if form == _AS_BYTES else tuple(int(b) for b in np.frombuffer(uid, np.int8))
 
@@ -206,6 +211,17 @@ def _pair(key: str, members: Sequence[int]) -> List[int]:
         return [int(r) for r in key.split(" ", 1)[1].split("-")]
     except (IndexError, ValueError):
         return list(members)
+
+
+def _never_answered(comm: Any, members: Sequence[int], what: str,
+                    timeout: Optional[float]) -> str:
+    from ..mpi.plumbing import ranks_in, world
+
+    first = members[0]
+    return (f"{what}: rank {first} of the group (global rank "
+            f"{ranks_in(comm, world())[first]}), the communicator's first, did not answer "
+            f"within {timeout} s (it never came, or gave up before this rank came). No "
+            f"NCCL communicator was made; the group stays usable for CPU arrays")
 
 
 def _never_came(comm: Any, members: Sequence[int], what: str, named: List[int], count: int,
