@@ -20,7 +20,9 @@ go on with the answer, the refusal (every participant raises the same
 :class:`~hpccomm.errors.DistBackendError`), or the ranks that never came (every
 participant raises the error ``missing`` makes, in its caller's words). Messages per
 meeting: two per participant, all through the leader; bytes per rank: its record and
-one verdict.
+one verdict. Each record carries the time its sender stops waiting: a leader that comes
+after some gave up does not count their arrivals (left from the meeting it missed), so
+it never goes on into the blocking call alone.
 """
 from __future__ import annotations
 
@@ -40,6 +42,13 @@ NCCL_CREATION = (int(Tag.NCCL_DEVICE_CHECK), int(Tag.NCCL_CREATION_RELEASE))
 #: Seconds a participant waits for the leader's verdict past the meeting's deadline
 #: (the leader gives up at the deadline too, then sends it).
 VERDICT_GRACE_S = 1.0
+#: Seconds a participant must still be waiting, by its own clock's word, for its arrival
+#: to count: the arrival of one that gave up (it came to an earlier meeting that this
+#: rank, the leader, came too late for) is not counted, so a late leader never goes on
+#: into the blocking call alone. (Clocks of a cluster's nodes agree to far better.)
+FRESH_S = 0.25
+#: Bytes before each arrival's record: when its sender stops waiting (wall clock, float64).
+_STAMP = 8
 #: Ranks a verdict names at most (the count is always there).
 NAMED = 64
 #: Bytes of the leader's answer or refusal at most (a refusal's text is cut there).
@@ -93,14 +102,18 @@ def meet(comm: Any, members: Sequence[int], tags: Tuple[int, int], what: str,
     mine = _token() if record is None else np.ascontiguousarray(record, dtype=np.uint8)
     deadline = time.monotonic() + (limit if limit is not None else 1e12)
     me, leader = comm.Get_rank(), members[0]
-    if me != leader:
-        _wait(comm.Isend(mine, dest=leader, tag=arrive), mine, what, deadline, leader, dress)
+    if me != leader:  # the record goes with the time this rank stops waiting for a verdict
+        gives_up = deadline + VERDICT_GRACE_S
+        sent = np.empty(_STAMP + mine.size, dtype=np.uint8)
+        sent[:_STAMP].view(np.float64)[0] = time.time() + (gives_up - time.monotonic())
+        sent[_STAMP:] = mine
+        _wait(comm.Isend(sent, dest=leader, tag=arrive), sent, what, deadline, leader, dress)
         verdict = np.zeros(_VERDICT_BYTES, dtype=np.uint8)  # the leader gives up at the
         _wait(comm.Irecv(verdict, source=leader, tag=release), verdict, what,  # same time:
-              deadline + VERDICT_GRACE_S, leader, dress)            # the grace is its way
+              gives_up, leader, dress)                               # the grace is its way
         return _outcome(verdict, missing, leader)
     others = members[1:]
-    records = [np.empty_like(mine) for _ in others]
+    records = [np.empty(_STAMP + mine.size, dtype=np.uint8) for _ in others]
     requests = [comm.Irecv(buf, source=m, tag=arrive) for m, buf in zip(others, records)]
     arrived = [False] * len(others)
 
@@ -111,7 +124,19 @@ def meet(comm: Any, members: Sequence[int], tags: Tuple[int, int], what: str,
                 arrived[i] = bool(request.Test())
                 done = done and arrived[i]
         return done
-    poll(all_arrived, max(deadline - time.monotonic(), 0.0))
+    while True:
+        poll(all_arrived, max(deadline - time.monotonic(), 0.0))
+        # an arrival whose sender has stopped waiting (it came to a meeting this rank
+        # missed, or is about to leave) does not count: its receive is posted afresh
+        now = time.time()
+        stale = [i for i, came in enumerate(arrived)
+                 if came and records[i][:_STAMP].view(np.float64)[0] < now + FRESH_S]
+        for i in stale:
+            arrived[i] = False
+            records[i] = np.empty_like(records[i])
+            requests[i] = comm.Irecv(records[i], source=others[i], tag=arrive)
+        if not stale or time.monotonic() >= deadline:
+            break
     absent = [m for m, came in zip(others, arrived) if not came]
     verdict = np.zeros(_VERDICT_BYTES, dtype=np.uint8)
     header = verdict[:_HEADER * 8].view(np.int64)
@@ -121,7 +146,7 @@ def meet(comm: Any, members: Sequence[int], tags: Tuple[int, int], what: str,
         header[2:2 + len(named)] = named
     elif judge is not None:
         try:
-            answer = bytes(judge([mine] + records))
+            answer = bytes(judge([mine] + [r[_STAMP:] for r in records]))
             header[0] = GO
         except Exception as exc:  # refused (or could not answer): everyone says why
             answer = str(exc).encode()[:ANSWER_BYTES]
