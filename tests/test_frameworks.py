@@ -39,11 +39,11 @@ CASES = {
 GLOO_TEARDOWN = "terminate called without an active exception"
 
 
-def launch(argv, n=None, finished=None):
+def launch(argv, n=None, finished=None, env=None):
     """Run ``argv`` (as ``n`` ranks under mpiexec, or alone); it must exit 0, unless
     ``finished()`` says that every rank wrote its results and the output shows gloo's
     teardown crash (the reference runs only)."""
-    done = run_job(argv, n, clean=TORCH_LAUNCH, limit=LIMIT)
+    done = run_job(argv, n, clean=TORCH_LAUNCH, limit=LIMIT, env=env or {})
     output = done.output
     if done.code != 0 and finished is not None and finished() and (
             GLOO_TEARDOWN in output):
@@ -66,12 +66,16 @@ def trained(recipe, n, backend, tmp_path):
     out = tmp_path / backend
     out.mkdir()
     script = os.path.join(RECIPES, recipe)
+    # the ops DeepSpeed compiles go to this test's own folder: a build killed elsewhere
+    # (its lock file left behind in ~/.cache) cannot make this one wait
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")}
     if backend == "gloo":  # gloo needs torchrun's variables: hpccomm run --torch sets them
         launch([sys.executable, "-m", "hpccomm", "run", "--torch", "-n", str(n), script,
                 "--backend", "gloo", "--out", str(out)],
-               finished=lambda: all((out / f"rank{r}.json").exists() for r in range(n)))
+               finished=lambda: all((out / f"rank{r}.json").exists() for r in range(n)),
+               env=env)
     else:  # as the recipe says: plain mpiexec, the backend's default choice
-        launch([sys.executable, script, "--out", str(out)], n)
+        launch([sys.executable, script, "--out", str(out)], n, env=env)
     return weights(out, n)
 
 

@@ -29,6 +29,16 @@ import sys
 import time
 import unittest
 
+# Each rank on one CPU, as jobs run in the field (mpiexec -bind-to core, srun): the suite
+# checks that every profiler event lasts zero or more µs, and an event that starts on one
+# thread and ends on another (as torch's asynchronous events do) takes its two times from
+# the CPUs those threads ran on; on a virtual machine whose CPUs' clocks drift apart by
+# more than a short operation lasts, an unbound rank's event can last "-158 µs". Set
+# before any thread starts, so that every thread of the rank inherits it.
+_cpus = sorted(os.sched_getaffinity(0))
+_rank = int(os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
+os.sched_setaffinity(0, {_cpus[_rank % len(_cpus)]})
+
 MODE = sys.argv[1] if len(sys.argv) > 1 else "torch_ci"
 LIMIT = float(os.environ.get("TORCH_SUITE_TEST_LIMIT", "90"))
 TEMP_DIR = os.environ["TEMP_DIR"]
