@@ -214,6 +214,8 @@ def checked(pg: Any, op: str, count: int, dtype: str) -> bool:
             return True
         if op == "all_reduce" and nbytes < getattr(cpu, "pieces_to", 0):
             return True
+        if op == "reduce_scatter_tensor" and nbytes * n < getattr(cpu, "scatter_pieces_to", 0):
+            return True
     ring = {"all_reduce": cpu.min_reduce, "broadcast": cpu.min_bcast,
             "all_gather_into_tensor": cpu.min_gather * n,
             "reduce_scatter_tensor": cpu.min_scatter * n}.get(op)

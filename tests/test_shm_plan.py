@@ -43,6 +43,37 @@ def test_the_plan_names_the_path_each_all_reduce_takes(dist, small_group):
                 (nbytes, said, read)
 
 
+def test_the_plan_names_the_path_each_reduce_scatter_takes(dist, small_group):
+    """Around the channel's block size, and a block of several pieces: the path the plan
+    names is the one taken, and in pieces a rank reads the blocks of its input that the
+    others reduce and its own block of every rank's input, 2 S - S / n."""
+    from mpi4py import MPI
+
+    from hpccomm.backends.base import REDUCE_SCATTER
+    from hpccomm.backends.mpi import placement
+    from hpccomm.backends.shm import pair, plan
+
+    channel, n, me = small_group.cpu.small, small_group.size(), small_group.rank()
+    limit = channel.sizes[REDUCE_SCATTER] // 8 * 8
+    crowded = placement.crowded(MPI.COMM_WORLD)
+    for block in (8, limit, limit + 8, 3 * limit + 16):  # one rank's block, float64
+        said = plan.path("reduce_scatter_tensor", n * block, n, MPI.get_vendor()[0],
+                         crowded, pair.available())
+        started, (read, written) = channel.kernel.started, channel.traffic
+        x = np.arange(n * block // 8, dtype=np.float64) + me
+        out = np.empty(block // 8)
+        dist.reduce_scatter_tensor(out, x, group=small_group)
+        mine = np.arange(me * block // 8, (me + 1) * block // 8, dtype=np.float64)
+        assert (out == n * mine + n * (n - 1) / 2).all(), (block, said)
+        took = channel.kernel.started - started
+        read, written = channel.traffic[0] - read, channel.traffic[1] - written
+        assert (took > 0) == said.name.startswith("channel"), (block, said)
+        if said.name.startswith("channel"):
+            assert took == -(-block // limit), (block, said, took)
+            # its input but its own block copied in, every block reduced (its own in place)
+            assert read == (2 * n - 1) * block and written == n * block, (block, read)
+
+
 def test_the_plan_names_the_path_each_broadcast_takes(dist, small_group):
     from mpi4py import MPI
 

@@ -34,6 +34,12 @@
  * for one more hand-off of counters. Each part is still reduced in rank order, so the
  * result is the same, bit for bit, as the whole reduction's.
  *
+ * A reduce_scatter posts the blocks of its input the other ranks reduce (rank r's at
+ * r * nbytes of the slot) and reads its own where it lies, unless its output overlaps
+ * it. One larger than a slot goes in pieces: each operation posts the same strided
+ * piece of every block (`offset`, `stride` into the input), so a rank reads about 2 S
+ * whatever n.
+ *
  * Every rank counts the bytes it reads and writes (`traffic`), its own slot included,
  * so a test can check what an operation costs a rank at any group size. Copies
  * (broadcast, all_gather, all_to_all, barrier) take any element type it names.
@@ -82,6 +88,11 @@ typedef struct {
     Py_ssize_t nbytes;       /* the operation's size, as every rank must give it */
     Py_ssize_t total;        /* the whole call's size (of which this is a piece) */
     Py_ssize_t post_bytes;   /* bytes of this rank's contribution */
+    Py_ssize_t offset, stride; /* reduce_scatter: the n blocks it posts start at
+                              * offset + r * stride of the send buffer (a piece of each
+                              * block when stride > nbytes) */
+    const char *mine;        /* reduce_scatter: this rank's own block, read in place
+                              * (never posted: no other rank reads it), or NULL */
     Py_buffer send, recv;    /* recv.buf NULL: none (a barrier) */
     int has_send, has_recv;
 } op_t;
@@ -133,6 +144,13 @@ static inline void copied(Small *self, Py_ssize_t nbytes)
     self->written += (unsigned long long)nbytes;
 }
 
+/* Where rank r's `nbytes` at `offset` of op's slot are: this rank's own block of a
+ * reduce_scatter in its send buffer (`mine`), all else in the slot. */
+static inline const char *source(Small *self, op_t *op, int r, Py_ssize_t offset)
+{
+    return r == self->rank && op->mine ? op->mine : slot(self, r, op->seq) + offset;
+}
+
 /* out = the reduction, in rank order, of `nbytes` at `offset` of every rank's slot */
 static void reduce_slots(Small *self, op_t *op, char *out, Py_ssize_t offset,
                          Py_ssize_t nbytes)
@@ -140,10 +158,10 @@ static void reduce_slots(Small *self, op_t *op, char *out, Py_ssize_t offset,
     int r;
     self->read += (unsigned long long)nbytes * (unsigned long long)self->size;
     self->written += (unsigned long long)nbytes;
-    combine(op->kind, op->redop, out, slot(self, 0, op->seq) + offset,
-            slot(self, 1, op->seq) + offset, nbytes);
+    combine(op->kind, op->redop, out, source(self, op, 0, offset),
+            source(self, op, 1, offset), nbytes);
     for (r = 2; r < self->size; r++)
-        combine(op->kind, op->redop, out, out, slot(self, r, op->seq) + offset, nbytes);
+        combine(op->kind, op->redop, out, out, source(self, op, r, offset), nbytes);
 }
 
 /* -- one operation's steps ----------------------------------------------------------- */
@@ -163,8 +181,17 @@ static int slot_free(Small *self, op_t *op)
 static void post(Small *self, op_t *op)
 {
     header_t *h = header(self, self->rank, op->seq);
-    if (op->post_bytes)
+    if (op->op == OP_REDUCE_SCATTER) { /* every block the others read (or a piece of
+                                        * each): rank r's at r * nbytes of the slot */
+        int r;
+        for (r = 0; r < self->size; r++)
+            if (r != self->rank || !op->mine)
+                memcpy(slot(self, self->rank, op->seq) + r * op->nbytes,
+                       (char *)op->send.buf + op->offset + r * op->stride,
+                       (size_t)op->nbytes);
+    } else if (op->post_bytes) {
         memcpy(slot(self, self->rank, op->seq), op->send.buf, (size_t)op->post_bytes);
+    }
     h->seq = op->seq;
     h->op = op->op;
     h->kind = op->kind;
@@ -506,18 +533,20 @@ static int progress(Small *self)
     return finished;
 }
 
-/* start(operation, send, recv, redop, root[, total]) -> seq, or 0 when the small path
- * does not take this operation. `total`: the bytes of the whole call, when this is a
- * piece of it (the ranks compare it too). The operation is posted at once if its slot
- * is free. */
+/* start(operation, send, recv, redop, root[, total[, offset, stride]]) -> seq, or 0
+ * when the small path does not take this operation. `total`: the bytes of the whole
+ * call, when this is a piece of it (the ranks compare it too). `stride` (a
+ * reduce_scatter's piece): the send buffer holds n blocks `stride` bytes apart, of
+ * which this operation takes `len(recv)` bytes at `offset` of each. The operation is
+ * posted at once if its slot is free. */
 static PyObject *Small_start(Small *self, PyObject *args)
 {
     int code, root;
-    Py_ssize_t total = 0;
+    Py_ssize_t total = 0, offset = 0, stride = 0;
     PyObject *send, *recv, *redop;
     op_t *op;
-    if (!PyArg_ParseTuple(args, "iOOOi|n", &code, &send, &recv, &redop, &root, &total) ||
-        gone(self))
+    if (!PyArg_ParseTuple(args, "iOOOi|nnn", &code, &send, &recv, &redop, &root, &total,
+                          &offset, &stride) || gone(self))
         return NULL;
     if (self->count == QUEUE) {
         if (!self->busy && progress(self) < 0)
@@ -526,7 +555,7 @@ static PyObject *Small_start(Small *self, PyObject *args)
             return PyLong_FromLong(-1); /* full: the caller waits for the oldest */
     }
     op = &self->queue[(self->head + self->count) % QUEUE];
-    switch (describe(self, op, code, send, recv, redop, root, 0)) {
+    switch (describe(self, op, code, send, recv, redop, root, 0, offset, stride)) {
     case -1: return NULL;
     case 0: return PyLong_FromLong(0);
     }
@@ -624,7 +653,7 @@ static PyObject *Small_run(Small *self, PyObject *const *args, Py_ssize_t nargs)
     if (self->count || self->busy)
         return PyLong_FromLong(-1);
     op = &self->queue[self->head];
-    state = describe(self, op, code, send, recv, redop, root, 1);
+    state = describe(self, op, code, send, recv, redop, root, 1, 0, 0);
     if (state <= 0)
         return state < 0 ? NULL : PyLong_FromLong(-1);
     return spin_head(self, op);
@@ -742,8 +771,8 @@ static PyMethodDef module_methods[] = {
 
 static PyMethodDef Small_methods[] = {
     {"start", (PyCFunction)Small_start, METH_VARARGS,
-     "start(operation, send, recv, redop, root[, total]) -> seq; 0: not taken; "
-     "-1: queue full"},
+     "start(operation, send, recv, redop, root[, total[, offset, stride]]) -> seq; "
+     "0: not taken; -1: queue full"},
     {"test", (PyCFunction)Small_test, METH_O,
      "test(seq) -> whether operation seq is finished (one pass, no wait)"},
     {"run", (PyCFunction)(void (*)(void))Small_run, METH_FASTCALL,

@@ -14,7 +14,8 @@
 /* numpy.ndarray, set once by accept(): the only type the channel takes from Python */
 static PyTypeObject *array_type;
 
-/* Fill op from (operation, send, recv, redop, root). Returns 1 when the small path
+/* Fill op from (operation, send, recv, redop, root), and for a reduce_scatter's piece
+ * (stride > 0) where it lies in each of the send buffer's n blocks. Returns 1 when the small path
  * takes it, 0 when it does not (no Python error set), -1 on an error.
  *
  * `raw`: the caller's own arguments (run, before any check), which the channel takes
@@ -24,7 +25,8 @@ static PyTypeObject *array_type;
  * shares (operation, sizes, element kind, reduction), never on this rank's buffers:
  * a broadcast's root may hand over a read-only buffer (an object's bytes). */
 static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *recv,
-                    PyObject *redop, int root, int raw)
+                    PyObject *redop, int root, int raw, Py_ssize_t offset,
+                    Py_ssize_t stride)
 {
     int me = self->rank, n = self->size;
     Py_ssize_t post_bytes = 0, nbytes = 0;
@@ -104,12 +106,30 @@ static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *r
         nbytes = post_bytes = op->send.len;
         break;
     case OP_REDUCE_SCATTER:
-        if (!op->has_send || !op->has_recv || op->send.len != n * op->recv.len ||
-            !reducible(op->kind, op->redop) ||
+        if (!op->has_send || !op->has_recv || !reducible(op->kind, op->redop) ||
             kind_of(op->recv.format, op->recv.itemsize) != op->kind)
             goto not_here;
+        if (stride > 0) { /* a piece: len(recv) bytes at offset of each block */
+            if (raw || offset < 0 || offset + op->recv.len > stride ||
+                op->send.len != n * stride)
+                goto not_here;
+        } else if (op->send.len != n * op->recv.len) {
+            goto not_here;
+        } else {
+            offset = 0;
+            stride = op->recv.len;
+        }
+        op->offset = offset;
+        op->stride = stride;
         nbytes = op->recv.len;
-        post_bytes = op->send.len;
+        {   /* its own block is read where it is, unless the output overlaps it (the
+             * reduction writes the output as it reads the ranks in order) */
+            const char *mine = (const char *)op->send.buf + offset + me * stride;
+            const char *out = (const char *)op->recv.buf;
+            if (out + nbytes <= mine || mine + nbytes <= out)
+                op->mine = mine;
+        }
+        post_bytes = (op->mine ? n - 1 : n) * nbytes;
         break;
     case OP_ALL_TO_ALL: /* whole elements per rank: the general path refuses the rest */
         if (!op->has_send || !op->has_recv || op->send.len != op->recv.len ||
@@ -119,7 +139,10 @@ static int describe(Small *self, op_t *op, int code, PyObject *send, PyObject *r
         post_bytes = op->send.len;
         break;
     }
-    if (post_bytes > self->slot_bytes || nbytes > self->limits[code] ||
+    /* a reduce_scatter's slot holds a block per rank, its own too (left unwritten when
+     * read in place): what every rank decides alike */
+    if ((code == OP_REDUCE_SCATTER ? n * nbytes : post_bytes) > self->slot_bytes ||
+        nbytes > self->limits[code] ||
         (code != OP_BARRIER && nbytes == 0))
         goto not_here;
     if (code == OP_BROADCAST && me == root && !op->has_send) { /* the root posts recv */

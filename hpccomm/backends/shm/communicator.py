@@ -34,7 +34,7 @@ import collections
 import ctypes
 import math
 import threading
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -228,8 +228,11 @@ class SharedMemoryCommunicator(MPICommunicator):
         #: An all_reduce above the channel's size and below this goes through the channel
         #: in pieces of its size (:meth:`_small_pieces`): from 3 ranks on, the ring's
         #: threshold where the channel takes all_reduce up to a whole slot, else 0.
-        self.pieces_to = (self.min_reduce if self.small is not None and shm_small.in_pieces(
-            self.size, self._small_sizes[ALL_REDUCE]) else 0)
+        pieces = self.small is not None and shm_small.in_pieces(
+            self.size, self._small_sizes[ALL_REDUCE])
+        self.pieces_to = self.min_reduce if pieces else 0
+        #: The same for reduce_scatter (:meth:`_small_scatter_pieces`), by its input.
+        self.scatter_pieces_to = self.min_scatter if pieces else 0
         self.piece_bytes = piece_bytes
         self.slot_bytes = piece_bytes * self.size
         self.slots = SLOTS
@@ -388,10 +391,36 @@ class SharedMemoryCommunicator(MPICommunicator):
         copies with a hand-off per step (16 ranks, 1 MiB: MPICH 950 us).
         """
         step = max(1, self._small_sizes[ALL_REDUCE] // flat.itemsize)
+        # each piece names the whole call: the ranks compare it at the first piece
+        return self._in_pieces(((ALL_REDUCE, flat[start:start + step],
+                                 flat[start:start + step], kind, 0, flat.nbytes)
+                                for start in range(0, flat.size, step)), flat)
+
+    def _small_scatter_pieces(self, send: np.ndarray, recv: np.ndarray,
+                              kind: RedOpType) -> Optional[Started]:
+        """A reduce_scatter too large for the channel, as consecutive channel operations
+        that each take the same strided piece of every rank's block of ``send`` (at most
+        the channel's block size) and reduce it into that piece of ``recv``; ``None``
+        where the channel does not take the dtype or operation.
+
+        A rank copies its whole input into its slots once (S) and reduces its own block
+        from every rank's slot (n blocks: S), so it reads about 2 S whatever n, with up
+        to ``SLOTS`` pieces in flight, where the ring makes n - 1 hand-offs per slot.
+        """
+        out, src = recv.reshape(-1), send.reshape(-1)
+        block, item = out.nbytes, out.itemsize
+        step = max(1, self._small_sizes[REDUCE_SCATTER] // item)
+        return self._in_pieces(((REDUCE_SCATTER, src, out[start:start + step], kind, 0,
+                                 block, start * item, block)
+                                for start in range(0, out.size, step)), (src, out))
+
+    def _in_pieces(self, pieces: Iterable[tuple], keep: Any) -> Optional[Started]:
+        """One call as the channel operations ``pieces`` (arguments of its ``start``),
+        finished in order; ``None`` when the channel refuses the first (it would refuse
+        them all alike)."""
         tests = []
-        for start in range(0, flat.size, step):  # each piece names the whole call: the
-            piece = flat[start:start + step]       # ranks compare it at the first piece
-            started = self.small.start(ALL_REDUCE, piece, piece, kind, 0, flat.nbytes)
+        for args in pieces:
+            started = self.small.start(*args)
             if started is None:  # only the first can be refused: the rest are alike
                 return None
             tests.append(started[0])
@@ -403,7 +432,7 @@ class SharedMemoryCommunicator(MPICommunicator):
                 i += 1
             left[0] = i
             return i == len(tests)
-        return self._pending_small((test, None, flat))
+        return self._pending_small((test, None, keep))
 
     def _pending_small(self, started: Optional[Started]) -> Optional[Started]:
         """``started``, an operation on the small channel, advanced by every wait of the
@@ -512,6 +541,10 @@ class SharedMemoryCommunicator(MPICommunicator):
             if started is not None:
                 return started
         if send.nbytes < self.min_scatter:
+            if factor is None and counts is None and send.nbytes < self.scatter_pieces_to:
+                started = self._small_scatter_pieces(send, recv, kind)
+                if started is not None:
+                    return started
             return MPICommunicator.reduce_scatter(self, send, recv, kind, factor,
                                                              counts)
         flat = send.reshape(-1)

@@ -73,13 +73,20 @@ def path(op: str, nbytes: int, n: int, vendor: str, crowded: bool = False,
             else "shared-memory ring"
         return Path(name, f"{_size(nbytes)} >= the ring's {_size(ring)}"
                           f"{' (crowded node)' if crowded else ''}")
-    if code == base.ALL_REDUCE and small.in_pieces(n, limit) and nbytes < ring:
+    whole_slot = small.available() and small.in_pieces(
+        n, small.capped(n, channel_caps(rings, n), vendor)[base.ALL_REDUCE])
+    if code == base.ALL_REDUCE and whole_slot and nbytes < ring:
         split = small.split_from(n, crowded)
         each = "each split" if split and limit >= split else "each whole"
         return Path("channel, in pieces",
                     f"{_size(nbytes)} between the channel's {_size(limit)} and the ring's "
                     f"{_size(ring)}: pieces of {_size(limit)}, up to {small.SLOTS} at once, "
                     f"{each}")
+    if code == base.REDUCE_SCATTER and whole_slot and limit and nbytes < ring:
+        return Path("channel, in pieces",
+                    f"one rank's block {_size(counted)} above the channel's {_size(limit)}, "
+                    f"input below the ring's {_size(ring)}: pieces of {_size(limit)} of "
+                    f"every block, up to {small.SLOTS} at once; a rank reads 2 S")
     above = f"above the channel's {_size(limit)}" if limit else "no channel"
     below = f"below the ring's {_size(ring)}" if ring < NEVER else "MPI's own is as fast"
     return Path("MPI", f"{above}; {below}")

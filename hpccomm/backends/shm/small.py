@@ -192,15 +192,17 @@ class Channel:
         return self.kernel.traffic
 
     def start(self, code: int, send: Any, recv: Any, redop: int = 0, root: int = 0,
-              total: int = 0) -> Optional[Started]:
+              total: int = 0, offset: int = 0, stride: int = 0) -> Optional[Started]:
         """The operation started on the channel, as ``(test, finish, keep)``, or ``None``
         when the channel does not take it (the caller uses MPI). ``total``: the bytes
-        of the whole call this operation is a piece of, which the ranks compare too."""
+        of the whole call this operation is a piece of, which the ranks compare too.
+        ``stride`` (a reduce_scatter's piece): ``send`` holds one block per rank,
+        ``stride`` bytes apart, and the piece is ``recv.nbytes`` at ``offset`` of each."""
         kernel = self.kernel
-        seq = kernel.start(code, send, recv, redop, root, total)
+        seq = kernel.start(code, send, recv, redop, root, total, offset, stride)
         while seq < 0:  # the queue is full: wait for its oldest operation, then retry
             self._wait_oldest()
-            seq = kernel.start(code, send, recv, redop, root, total)
+            seq = kernel.start(code, send, recv, redop, root, total, offset, stride)
         if not seq:
             return None
         return self.started(seq)
