@@ -23,7 +23,7 @@ from .backends.base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER,  # noqa
 from ._arrays import FAMILY, as_array, device_of, dtype_family, reduce_problem
 from .errors import DistError, Undescribed
 from .group import GroupLike, ProcessGroup, member_group, registry, skip
-from .types import RedOpType, split_op
+from .types import MAX_USER_TAG, RedOpType, split_op
 from .work import Work, chain, failure_error, poll
 
 ndarray = np.ndarray
@@ -379,33 +379,50 @@ def sum_in_place(pg: ProcessGroup, op: str, address: int, count: int, nbytes: in
     return True
 
 
-def transfer(pg: ProcessGroup, op: str, receive: bool, tensor: Any, peer: int, tag: int
+def transfer(group: GroupLike, op: str, receive: bool, tensor: Any, rank: Any, tag: Any
              ) -> bool:
-    """A blocking send (``receive`` false) or receive of ``tensor`` to or from group rank
-    ``peer`` in the backend's direct form
-    (:meth:`~hpccomm.backends.mpi.communicator.MPICommunicator.transfer_at`), the caller
-    having checked ``peer`` and ``tag``. ``True`` once done; ``False``, with nothing
-    started, where only the general path (:func:`launch`) applies: not a C-contiguous
-    NumPy array of a predefined dtype (writable, to receive), no direct form, observers
-    registered, or other operations that a wait must advance.
+    """A blocking send (``receive`` false) or receive of ``tensor`` to or from global rank
+    ``rank`` on ``group`` (``None``: the default group) with ``tag``, in the backend's
+    direct form (:attr:`~hpccomm.backends.base.Communicator.transfer_now`). ``True``
+    once done; ``False``, with nothing started and nothing checked, where only the
+    general path (:func:`launch`), whose checks word every mistake, applies: another
+    group form, a peer that is no other member, a tag outside the user's range, not a
+    C-contiguous NumPy array of a predefined dtype (writable, to receive), no direct
+    form, observers registered, or other operations that a wait must advance. One
+    frame: at 8 bytes the direct form itself takes about a microsecond per message.
     """
-    cpu = pg.cpu
-    if (type(tensor) is not np.ndarray or _observe.active
+    if group is None:
+        pg = registry.world
+        if pg is None:
+            return False
+    elif type(group) is ProcessGroup and group.live:
+        pg = group
+    else:
+        return False
+    if (type(tensor) is not np.ndarray or type(rank) is not int or type(tag) is not int
+            or not 0 <= tag <= MAX_USER_TAG or _observe.active
             or _waits.while_waiting is not None):
         return False
-    datatype = cpu.transfer_types.get(tensor.dtype)
-    if datatype is None:
+    peer = pg.rank_of.get(rank)
+    cpu = pg.cpu
+    now = cpu.transfer_now
+    if peer is None or now is None or peer == pg.rank():
         return False
-    seq = pg.seq + 1
-    try:
-        running = cpu.transfer_at(receive, tensor, datatype, peer, tag, pg.timeout)
+    limit, spin = pg.timeout, cpu.transfer_slice
+    try:  # the direct form finds the count and datatype from the array's buffer
+        running = now(receive, tensor, peer, tag,
+                      spin if limit is None or limit > spin else limit)
     except Exception as exc:
-        raise _start_failed(pg, op, exc) from exc
+        failure = cpu.transfer_error(exc)
+        raise _start_failed(pg, op, failure) from failure
+    if running is None:
+        pg.seq += 1
+        return True
     if running is False:
         return False
-    pg.seq = seq
-    if running is not None:  # still running after the spin: waited as any operation
-        _work(running, pg, op, seq, tensor, pg.ranks[peer], None, (), None, tensor).wait()
+    pg.seq += 1  # still running after the spin: waited as any operation
+    _work(cpu.transfer_running(running), pg, op, pg.seq, tensor, rank, None, (), None,
+          tensor).wait()
     return True
 
 

@@ -204,6 +204,39 @@ def test_blocking_send_and_recv_of_contiguous_arrays_are_direct(dist, rank, size
 
 
 @pytest.mark.mpi(min_size=2)
+def test_the_direct_form_takes_every_dtype_by_its_buffer_format(dist, rank, size, monkeypatch):
+    """The direct form finds an array's MPI datatype from its buffer's format: every
+    NumPy dtype MPI has a type for, under each of its spellings (``l`` and ``q`` are both
+    int64 on Linux), goes direct and arrives bit for bit; ml_dtypes' bfloat16 (no buffer
+    format) takes the general path and arrives too, and a byte-swapped array meets the
+    general path's refusal, not a wrong datatype."""
+    import ml_dtypes
+
+    taken = _counting_transfers(monkeypatch)
+    codes = "?bBhHiIlLqQefdFD"
+    for code in codes:
+        sent = (np.arange(5) % 2 if code == "?" else np.arange(5)).astype(code)
+        if rank == 0:
+            dist.send(sent, dst=1, tag=3)
+        elif rank == 1:
+            buf = np.zeros(5, code)
+            dist.recv(buf, src=0, tag=3)
+            assert buf.tobytes() == sent.tobytes(), code
+    assert taken == ([True] * len(codes) if rank < 2 else []), taken
+    odd = np.arange(3).astype(ml_dtypes.bfloat16)
+    if rank == 0:
+        dist.send(odd, dst=1)
+    elif rank == 1:
+        buf = np.zeros(3, odd.dtype)
+        dist.recv(buf, src=0)
+        assert buf.tobytes() == odd.tobytes()
+    if rank < 2:
+        with pytest.raises(dist.DistValueError, match=">i4, which cannot be communicated"):
+            dist.send(np.arange(3, dtype=">i4"), dst=1 - rank)
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.complex128, np.int8,
                                    np.uint16, np.int64, np.bool_])
 @pytest.mark.parametrize("layout", ["contiguous", "scalar", "empty", "fortran", "strided"])
@@ -273,10 +306,10 @@ def test_an_mpi_error_of_a_direct_send_names_it(dist, rank, size):
 
     def failing(*args):
         raise RuntimeError(MPI.ERR_TAG)
-    real, cpu._direct_transfer = cpu._direct_transfer, failing
+    real, cpu.transfer_now = cpu.transfer_now, failing
     with pytest.raises(DistBackendError) as caught:
         dist.send(np.ones(2), dst=(rank + 1) % size, group=pg)
     assert f"send on rank {rank}/{size} of group '{pg.group_name}'" in str(caught.value)
     assert caught.value.__cause__.Get_error_code() == MPI.ERR_TAG
-    cpu._direct_transfer = real
+    cpu.transfer_now = real
     dist.destroy_process_group(pg)

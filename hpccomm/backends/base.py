@@ -46,9 +46,25 @@ class Communicator(abc.ABC):
     direct_below = 0
     #: dtype -> MPI datatype handle, the dtypes that direct form takes.
     direct_types: Dict[Any, int] = {}
-    #: dtype -> MPI datatype handle, the dtypes a blocking send or receive may take in the
-    #: backend's direct form, ``transfer_at`` (the MPI backend's); empty: it has none.
-    transfer_types: Dict[Any, int] = {}
+    #: The direct form of a blocking send or receive, for a caller that waits at once and
+    #: keeps the array alive: ``transfer_now(receive, array, peer, tag, slice)`` returns
+    #: ``None`` once done, ``False`` with nothing started where the array's buffer does
+    #: not fit (another dtype, not C-contiguous: the general path applies), else the running
+    #: request, spun on for ``slice`` seconds, for :meth:`transfer_running`; a failure
+    #: raises what :meth:`transfer_error` names. ``None``: the backend has none.
+    transfer_now: Optional[Callable[..., Any]] = None
+    #: Longest spin (seconds) of :attr:`transfer_now` before the general wait takes over.
+    transfer_slice = 0.0
+
+    @staticmethod
+    def transfer_running(request: Any) -> Any:
+        """``(test, finish, keep)`` of a transfer :attr:`transfer_now` left running."""
+        raise NotImplementedError
+
+    @staticmethod
+    def transfer_error(exc: Exception) -> Exception:
+        """The exception to report for one :attr:`transfer_now` raised."""
+        return exc
     #: The whole synchronous small operation in native code, where the backend has it
     #: (the shared-memory backend's small channel): ``small_run(code, send, recv,
     #: redop, root)`` returns 0 once done, -1 where it does not apply (the general path

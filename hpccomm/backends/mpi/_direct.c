@@ -39,6 +39,17 @@ static test_fn mpi_test;
 static uintptr_t in_place;
 static int request_bytes; /* sizeof(MPI_Request) in the library loaded */
 
+/* The buffer formats a transfer takes, each with its MPI datatype (set_transfer_types):
+ * a NumPy array's format and item size name its dtype, so the caller passes the array
+ * alone and the count and datatype are found here. */
+#define MAX_TRANSFER_TYPES 32
+static struct {
+    char format[8];
+    Py_ssize_t itemsize;
+    uintptr_t datatype;
+} transfer_types[MAX_TRANSFER_TYPES];
+static int n_transfer_types;
+
 /* A status is at most a few dozen bytes in every MPI library; this is ample. */
 #define STATUS_BYTES 256
 
@@ -206,42 +217,84 @@ static PyObject *spin_test(PyObject *Py_UNUSED(self), PyObject *const *args,
     return PyBool_FromLong(done);
 }
 
-/* transfer(receive, array, count, datatype, peer, tag, comm, slice, yield_every) ->
- * None once done, the request (an int) if still running after `slice` seconds, or False,
- * with nothing started, where `array` does not export a C-contiguous buffer (writable, to
- * receive into): the caller then takes the general path. `receive` false sends `count`
- * elements of `datatype` from the buffer to `peer`, true receives them from `peer`. The
- * caller keeps `array` alive until a returned request completes. An MPI error raises
- * RuntimeError(its error code), as sum_in_place does. */
+/* set_transfer_types([(format, itemsize, datatype), ...]): the buffer formats transfer
+ * takes and the MPI datatype of each; any other buffer is not taken. */
+static PyObject *set_transfer_types(PyObject *Py_UNUSED(self), PyObject *arg)
+{
+    PyObject *items = PySequence_Fast(arg, "set_transfer_types(list of tuples)");
+    Py_ssize_t i, n;
+    if (items == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(items);
+    n_transfer_types = 0;
+    for (i = 0; i < n && n_transfer_types < MAX_TRANSFER_TYPES; i++) {
+        const char *format;
+        Py_ssize_t itemsize;
+        unsigned long long datatype;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, i), "snK", &format, &itemsize,
+                              &datatype)) {
+            Py_DECREF(items);
+            return NULL;
+        }
+        if (strlen(format) >= sizeof(transfer_types[0].format))
+            continue;
+        strcpy(transfer_types[n_transfer_types].format, format);
+        transfer_types[n_transfer_types].itemsize = itemsize;
+        transfer_types[n_transfer_types].datatype = (uintptr_t)datatype;
+        n_transfer_types++;
+    }
+    Py_DECREF(items);
+    Py_RETURN_NONE;
+}
+
+/* transfer(comm, yield_every, receive, array, peer, tag, slice) -> None once done, the
+ * request (an int) if still running after `slice` seconds, or False, with nothing
+ * started, where `array` does not export a C-contiguous buffer (writable, to receive
+ * into) of a format set_transfer_types named: the caller then takes the general path.
+ * `receive` false sends the whole buffer to `peer`, true receives into it from `peer`.
+ * The caller keeps `array` alive until a returned request completes. An MPI error
+ * raises RuntimeError(its error code), as sum_in_place does. */
 static PyObject *transfer(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "transfer(receive, array, count, datatype, peer, "
-                                         "tag, comm, slice, yield_every)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "transfer(comm, yield_every, receive, array, peer, "
+                                         "tag, slice)");
         return NULL;
     }
     if (!mpi_isend) {
         PyErr_SetString(PyExc_RuntimeError, "transfer: bind() was not called");
         return NULL;
     }
-    int receive = PyObject_IsTrue(args[0]);
-    long long count = PyLong_AsLongLong(args[2]);
-    uintptr_t datatype = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[3]);
+    /* the communicator and the spin's yields first: the backend binds them once, when
+     * it makes the communicator (functools.partial) */
+    uintptr_t comm = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[0]);
+    long yield_every = PyLong_AsLong(args[1]);
+    int receive = PyObject_IsTrue(args[2]);
     long peer = PyLong_AsLong(args[4]);
     long tag = PyLong_AsLong(args[5]);
-    uintptr_t comm = (uintptr_t)PyLong_AsUnsignedLongLongMask(args[6]);
-    double slice = PyFloat_AsDouble(args[7]);
-    long yield_every = PyLong_AsLong(args[8]);
+    double slice = PyFloat_AsDouble(args[6]);
     if (receive < 0 || PyErr_Occurred())
         return NULL;
-    if (count < 0 || count > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "transfer: count outside MPI's int range");
-        return NULL;
-    }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[1], &view,
-                           receive ? PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE : PyBUF_C_CONTIGUOUS)) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (receive ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(args[3], &view, flags)) {
         PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    const char *format = view.format ? view.format : "B";
+    uintptr_t datatype = 0;
+    int i, found = 0;
+    for (i = 0; i < n_transfer_types; i++) {
+        if (transfer_types[i].itemsize == view.itemsize &&
+            strcmp(transfer_types[i].format, format) == 0) {
+            datatype = transfer_types[i].datatype;
+            found = 1;
+            break;
+        }
+    }
+    Py_ssize_t count = view.itemsize > 0 ? view.len / view.itemsize : 0;
+    if (!found || count > INT32_MAX) { /* the general path counts in larger types */
+        PyBuffer_Release(&view);
         Py_RETURN_FALSE;
     }
     unsigned char request[8] = {0};
@@ -260,8 +313,10 @@ static PyMethodDef methods[] = {
     {"spin_test", (PyCFunction)(void (*)(void))spin_test, METH_FASTCALL,
      "spin_test(address, slice, yield_every) -> whether the request completed."},
     {"transfer", (PyCFunction)(void (*)(void))transfer, METH_FASTCALL,
-     "transfer(receive, array, count, datatype, peer, tag, comm, slice, yield_every) -> "
+     "transfer(comm, yield_every, receive, array, peer, tag, slice) -> "
      "None, a request, or False (not taken)."},
+    {"set_transfer_types", set_transfer_types, METH_O,
+     "set_transfer_types([(format, itemsize, datatype), ...]): the buffers transfer takes."},
     {NULL, NULL, 0, NULL},
 };
 

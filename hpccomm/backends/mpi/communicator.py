@@ -20,6 +20,7 @@ The communicators themselves (create, split, translate, free) are made by
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -169,7 +170,7 @@ def direct_sum_types() -> Dict[Any, int]:
 
 
 def direct_transfer_types() -> Dict[Any, int]:
-    """dtype -> MPI datatype handle for :meth:`MPICommunicator.transfer_at`: the
+    """dtype -> MPI datatype handle for :attr:`MPICommunicator.transfer_now`: the
     predefined dtypes, each as the general path sends it (an empty dict where the
     direct form is unavailable)."""
     global _TRANSFER_TYPES
@@ -237,8 +238,11 @@ class MPICommunicator(Communicator):
                              if self.direct_types else 0)
         self._handle = mpi_direct.handle(comm)
         self._direct_sum = mpi_direct.function()
-        self.transfer_types = direct_transfer_types()
-        self._direct_transfer = mpi_direct.transfer_function()
+        transfer = mpi_direct.transfer_function()
+        self.transfer_now = (functools.partial(transfer, self._handle,
+                                               _work.spin_yield_every())
+                             if transfer is not None and direct_transfer_types() else None)
+        self.transfer_slice = _DIRECT_SLICE
         self._any_source = AnySourceQueue(comm)
 
     def _collective(self, nbytes: int, finish: Optional[Callable[[], Any]],
@@ -280,24 +284,15 @@ class MPICommunicator(Communicator):
             return None
         return MPI.Request.fromhandle(running).Test, None, None
 
-    def transfer_at(self, receive: bool, array: np.ndarray, datatype: int, peer: int,
-                    tag: int, limit: Optional[float]) -> Any:
-        """The direct form (:mod:`.mpi_direct`) of a blocking send (``receive`` false)
-        or receive of the C-contiguous NumPy ``array`` (its dtype's handle from
-        :func:`direct_transfer_types`) to or from group rank ``peer``, for a caller that
-        waits at once and keeps ``array`` alive: ``None`` once done, ``False`` with
-        nothing started where ``array``'s buffer does not fit (the general path then
-        applies), else the ``(test, finish, keep)`` of the transfer still running after
-        spinning :data:`~.mpi_direct.SLICE_S` (or ``limit`` seconds, if shorter)."""
-        slice_s = _DIRECT_SLICE if limit is None else min(_DIRECT_SLICE, limit)
-        try:
-            running = self._direct_transfer(receive, array, array.size, datatype, peer, tag,
-                                            self._handle, slice_s, _work.spin_yield_every())
-        except RuntimeError as exc:
-            raise mpi_direct.error(exc) from None
-        if running is None or running is False:
-            return running
-        return MPI.Request.fromhandle(running).Test, None, None
+    @staticmethod
+    def transfer_running(request: int) -> Started:
+        """``(test, finish, keep)`` of a transfer :attr:`transfer_now` left running."""
+        return MPI.Request.fromhandle(request).Test, None, None
+
+    @staticmethod
+    def transfer_error(exc: Exception) -> Exception:
+        """The MPI exception behind :attr:`transfer_now`'s ``RuntimeError(code)``."""
+        return mpi_direct.error(exc) if isinstance(exc, RuntimeError) else exc
 
     def broadcast(self, buf: np.ndarray, root: int) -> Started:
         mpitype = _TRANSFER.get(buf.dtype) or transfer_type(buf.dtype)

@@ -104,13 +104,27 @@ def function() -> Any:
 
 def transfer_types(types: Dict[np.dtype, Any]) -> Dict[np.dtype, int]:
     """dtype -> MPI datatype handle, from ``types`` (dtype -> the MPI datatype the general
-    path sends it as), for :func:`transfer_function`."""
-    return {dtype: handle(mpitype) for dtype, mpitype in types.items()}
+    path sends it as), for :func:`transfer_function`, which is told the buffer format of
+    each (NumPy's one-letter types; every spelling of a dtype: ``l`` and ``q`` are both
+    int64 on Linux)."""
+    found = {dtype: handle(mpitype) for dtype, mpitype in types.items()}
+    table = []
+    for code in np.typecodes["All"]:
+        try:
+            dtype = np.dtype(code)
+            datatype = found.get(dtype)
+            if datatype is not None:
+                table.append((memoryview(np.empty(1, dtype)).format, dtype.itemsize,
+                              datatype))
+        except (TypeError, ValueError):  # no such dtype here, or no buffer format
+            continue
+    _helper.set_transfer_types(table)
+    return found
 
 
 def transfer_function() -> Any:
-    """The C helper's ``transfer(receive, array, count, datatype, peer, tag, comm, slice,
-    yield_every)``: ``None`` once the send (``receive`` false) or receive is done, else
+    """The C helper's ``transfer(comm, yield_every, receive, array, peer, tag, slice)``
+    (the buffer's format names its MPI datatype, see :func:`transfer_types`): ``None`` once the send (``receive`` false) or receive is done, else
     the running request's handle (an int), or ``False``, with nothing started, where the
     array exports no C-contiguous buffer (a writable one, to receive into); an MPI error
     raises ``RuntimeError(code)``. ``None`` when the helper is unavailable."""
