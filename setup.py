@@ -10,9 +10,12 @@ HELPERS = {"hpccomm.backends.mpi._direct": "hpccomm/backends/mpi/_direct.c",
            "hpccomm.backends.shm._small": "hpccomm/backends/shm/_small.c"}
 
 #: headers beside a helper's source (the small channel's element kinds and reductions,
-#: and how it describes an operation from Python's arguments)
+#: how it describes an operation from Python's arguments, its hand-off, and how it
+#: compares the ranks' calls)
 HEADERS = {"hpccomm.backends.shm._small": ["hpccomm/backends/shm/_reduce.h",
-                                           "hpccomm/backends/shm/_small_args.h"]}
+                                           "hpccomm/backends/shm/_small_args.h",
+                                           "hpccomm/backends/shm/_handoff.h",
+                                           "hpccomm/backends/shm/_mismatch.h"]}
 
 setup(ext_modules=[Extension(name, [source],
                              depends=["hpccomm/backends/_spin.h", *HEADERS.get(name, [])],

@@ -286,6 +286,13 @@ SHM_SPLIT = _declare(
     "Bytes from which the small channel's all_reduce is split among 3 or more ranks (each "
     "reduces one part, then copies the others'); 0: never; unset: the cost model's size "
     "for the group (docs/performance.md).")
+SHM_TREE = _declare(
+    "SHM_TREE", COUNT, None, "group creation",
+    "Ranks of one node from which the small channel's hand-off is a combining tree "
+    "(each rank polls one cache line, not one per rank); 0: never; unset: 32.")
+SHM_TREE_RADIX = _declare(
+    "SHM_TREE_RADIX", COUNT, 8, "group creation",
+    "Children of each node of the small channel's hand-off tree (2 or more).")
 SHM_CHUNK = _declare(
     "SHM_CHUNK", SIZE, 0, "group creation",
     "Bytes of one shared-memory ring slot, split among the ranks; 0: 512K, at least 64K "

@@ -322,3 +322,48 @@ def node_rank(dist, members):
 def node_size(members):
     """The number of ranks on this node (the size of groups of those ranks), as ``size``."""
     return len(members)
+
+
+# -- the small channel ---------------------------------------------------------------------
+#: every_channel_operation's split all_reduce: above the split size from 3 ranks on.
+SPLIT_BYTES = 64 * 1024
+
+
+def every_channel_operation(dist, group, n, me, rounds):
+    """Each operation the channel takes, sync and async, several times round the slots;
+    returns how many channel operations that was."""
+    channel = group.cpu.small
+    started = channel.kernel.started
+    works, checks = [], []
+    for i in range(rounds):
+        small = np.full(3, float(me + i))
+        works.append(dist.all_reduce(small, group=group, async_op=i % 2 == 1))
+        checks.append((small, np.full(3, n * (n - 1) / 2 + n * i)))
+        split = np.full(SPLIT_BYTES // 8, float(me + 1))
+        dist.all_reduce(split, group=group)
+        assert (split == n * (n + 1) / 2).all()
+        b = np.full(5, me, np.int32)
+        dist.broadcast(b, group_src=i % n, group=group)
+        assert (b == i % n).all()
+        out = np.zeros(2 * n, np.int64)
+        dist.all_gather_into_tensor(out, np.full(2, me + i, np.int64), group=group)
+        assert (out == np.repeat(np.arange(n) + i, 2)).all()
+        rs = np.zeros(4)
+        dist.reduce_scatter_tensor(rs, np.arange(4.0 * n) + me, group=group)
+        assert (rs == n * np.arange(4.0 * me, 4.0 * me + 4) + n * (n - 1) / 2).all()
+        a2a = np.zeros(n, np.uint16)
+        dist.all_to_all_single(a2a, np.arange(n, dtype=np.uint16) + 100 * me, group=group)
+        assert (a2a == 100 * np.arange(n) + me).all()
+        dist.barrier(group=group)
+    for work in works:
+        if work is not None:
+            work.wait()
+    for got, want in checks:
+        assert (got == want).all()
+    return channel.kernel.started - started
+
+
+def tree_group(dist, ranks):
+    """A group of ``ranks`` whose channel's hand-off is a tree of radix 2 from 3 ranks."""
+    with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_TREE="3", HPCCOMM_SHM_TREE_RADIX="2"):
+        return dist.new_group(ranks, timeout=60)

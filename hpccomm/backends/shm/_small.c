@@ -13,6 +13,8 @@
  *          root and the bytes of the whole call it belongs to (an all_reduce too large
  *          for one slot goes in pieces), written with the data, so a reader checks that
  *          every rank called the same operation with the same arguments
+ *   [...]  the counters of the hand-off's tree nodes this rank owns (_handoff.h), one
+ *          line per level, kind and slot, written by every rank of the node (atomics)
  *   [...]  `slots` data slots of `slot_bytes` each
  *
  * Operation `seq` uses slot `seq % slots`. A rank writes that slot only once every rank
@@ -70,6 +72,8 @@ static const char *OP_NAMES[N_OPS] = {"barrier", "all_reduce", "broadcast", "all
 #define HEADER_BYTES 64
 #define QUEUE 1024 /* operations started and not finished, per communicator: an all_reduce
                     * of up to 128 MiB in 256 KiB pieces, and others */
+#define MAX_LEVELS 16 /* levels of the hand-off's tree: radix 2 up to 65536 ranks */
+#define MAX_SLOTS 16
 /* Spins this long with the GIL held before releasing it: a small operation whose peers
  * are already there is over before that, and pays no GIL hand-over. */
 #define HELD_SPIN_S 20e-6
@@ -85,6 +89,7 @@ typedef struct {
     uint64_t seq;
     int op, kind, redop, root, posted;
     int split, reduced;      /* split all_reduce; its part reduced and published */
+    uint64_t split_use;      /* split all_reduce: the split uses of its slot, this one's */
     Py_ssize_t nbytes;       /* the operation's size, as every rank must give it */
     Py_ssize_t total;        /* the whole call's size (of which this is a piece) */
     Py_ssize_t post_bytes;   /* bytes of this rank's contribution */
@@ -100,7 +105,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     int rank, size, slots;
-    Py_ssize_t slot_bytes, data_at;
+    Py_ssize_t slot_bytes, tree_at, data_at;
     char **regions;            /* every rank's region */
     Py_ssize_t limits[N_OPS];  /* largest operation size per operation (0: never) */
     uint64_t next;             /* sequence number of the next operation */
@@ -113,6 +118,12 @@ typedef struct {
     long yield_every;
     Py_ssize_t split_from;     /* all_reduce bytes from which it is split (0: never) */
     unsigned long long read, written; /* bytes this rank has read and written */
+    /* the hand-off (_handoff.h): flat (levels 0) or a combining tree */
+    int radix, levels;
+    int children[MAX_LEVELS];  /* children of this rank's node at each level */
+    char *nodes[MAX_LEVELS];   /* that node's counters */
+    uint64_t split_uses[MAX_SLOTS]; /* split all_reduces per slot so far */
+    unsigned long long polled, signalled; /* hand-off lines polled and written */
 } Small;
 
 static inline uint64_t load(Small *self, int rank, Py_ssize_t at)
@@ -166,17 +177,8 @@ static void reduce_slots(Small *self, op_t *op, char *out, Py_ssize_t offset,
 
 /* -- one operation's steps ----------------------------------------------------------- */
 
-/* Whether every rank has finished reading the operation that last used op's slot. */
-static int slot_free(Small *self, op_t *op)
-{
-    int r;
-    if (op->seq <= (uint64_t)self->slots)
-        return 1;
-    for (r = 0; r < self->size; r++)
-        if (load(self, r, DONE_AT) < op->seq - (uint64_t)self->slots)
-            return 0;
-    return 1;
-}
+#include "_handoff.h"
+#include "_mismatch.h"
 
 static void post(Small *self, op_t *op)
 {
@@ -199,44 +201,14 @@ static void post(Small *self, op_t *op)
     h->root = op->root;
     h->nbytes = op->nbytes;
     h->total = op->total;
-    store(self, POSTED_AT, op->seq);
     op->posted = 1;
     op->split = op->op == OP_ALL_REDUCE && self->split_from > 0 && self->size > 2 &&
                 op->nbytes >= self->split_from;
+    if (op->split)
+        op->split_use = ++self->split_uses[op->seq % (uint64_t)self->slots];
+    signal_posted(self, op);
     self->read += (unsigned long long)op->post_bytes;
     self->written += (unsigned long long)op->post_bytes;
-}
-
-/* Whether the ranks op reads from have posted it. */
-static int arrived(Small *self, op_t *op)
-{
-    int r;
-    if (op->op == OP_BROADCAST)
-        return op->root == self->rank || load(self, op->root, POSTED_AT) >= op->seq;
-    for (r = 0; r < self->size; r++)
-        if (r != self->rank && load(self, r, POSTED_AT) < op->seq)
-            return 0;
-    return 1;
-}
-
-/* Rank r's header disagrees with op: set *bad to r, return 1. */
-static int mismatch(Small *self, op_t *op, int *bad)
-{
-    int r;
-    for (r = 0; r < self->size; r++) {
-        header_t *h;
-        if (r == self->rank || (op->op == OP_BROADCAST && r != op->root))
-            continue;
-        h = header(self, r, op->seq);
-        if (h->seq != op->seq || h->op != op->op || h->nbytes != op->nbytes ||
-            h->total != op->total || h->root != op->root ||
-            (op->op == OP_ALL_REDUCE || op->op == OP_REDUCE_SCATTER ?
-             (h->kind != op->kind || h->redop != op->redop) : 0)) {
-            *bad = r;
-            return 1;
-        }
-    }
-    return 0;
 }
 
 /* Read what op needs from the slots, then raise `done`. */
@@ -270,7 +242,7 @@ static void finish(Small *self, op_t *op)
         copied(self, block * self->size);
         break;
     }
-    store(self, DONE_AT, op->seq);
+    signal_done(self, op);
 }
 
 /* -- the split all_reduce -------------------------------------------------------------- */
@@ -301,18 +273,8 @@ static void reduce_part(Small *self, op_t *op)
         memcpy(slot(self, me, op->seq) + lo, out, (size_t)len);
         copied(self, len);
     }
-    store(self, REDUCED_AT, op->seq);
+    signal_reduced(self, op);
     op->reduced = 1;
-}
-
-/* Whether every other rank has published its reduced part of op. */
-static int parts_reduced(Small *self, op_t *op)
-{
-    int r;
-    for (r = 0; r < self->size; r++)
-        if (r != self->rank && load(self, r, REDUCED_AT) < op->seq)
-            return 0;
-    return 1;
 }
 
 /* Copy the other ranks' reduced parts from their slots, then raise `done`. */
@@ -328,7 +290,7 @@ static void gather_parts(Small *self, op_t *op)
                (size_t)len);
         copied(self, len);
     }
-    store(self, DONE_AT, op->seq);
+    signal_done(self, op);
 }
 
 /* One step of op: post it if its slot is free, finish it if its peers are there (a
@@ -358,75 +320,6 @@ static int step(Small *self, op_t *op, int *bad)
     return 1;
 }
 
-/* A mismatch between ranks (the class set_mismatch names; the dispatch layer words
- * it with the operation, rank and group). */
-static PyObject *SmallError;
-
-/* Raise (and return 1) once the channel is closed (its memory may be unmapped), or
- * broken by a mismatch (its ranks stopped at different operations). */
-static int gone(Small *self)
-{
-    if (self->broken != NULL) {
-        PyErr_Format(SmallError, "an earlier operation stopped the group's shared-memory "
-                     "channel (%U); the group is unusable: destroy it", self->broken);
-        return 1;
-    }
-    if (!self->closed)
-        return 0;
-    PyErr_SetString(PyExc_RuntimeError, "the group's small-collective channel is closed "
-                    "(the group was destroyed)");
-    return 1;
-}
-
-/* "all_reduce of 1048576 bytes (float64, SUM)" or a piece's whole call. */
-static PyObject *call_text(int op, int64_t total, int kind, int redop, int root)
-{
-    const char *name = op >= 0 && op < N_OPS ? OP_NAMES[op] : "an unknown operation";
-    const char *kinds = kind >= 0 && kind < N_KINDS ? KIND_NAMES[kind] : "?";
-    if (op == OP_ALL_REDUCE || op == OP_REDUCE_SCATTER)
-        return PyUnicode_FromFormat("%s of %lld bytes (%s, %s)", name, (long long)total,
-                                    kinds, redop >= 0 && redop < N_REDOPS ?
-                                    REDOP_NAMES[redop] : "?");
-    if (op == OP_BROADCAST)
-        return PyUnicode_FromFormat("%s of %lld bytes from group rank %d", name,
-                                    (long long)total, root);
-    if (op == OP_BARRIER)
-        return PyUnicode_FromString(name);
-    return PyUnicode_FromFormat("%s of %lld bytes per rank (%s)", name, (long long)total,
-                                kinds);
-}
-
-/* Raise the mismatch of op with rank bad's header, and break the channel: the ranks
- * stopped at different operations, so nothing later can pair up again. */
-static void raise_mismatch(Small *self, op_t *op, int bad)
-{
-    header_t *h = header(self, bad, op->seq);
-    PyObject *mine = NULL, *theirs = NULL, *text;
-    if (h->seq != op->seq) {
-        text = PyUnicode_FromFormat(
-            "group rank %d is at another of the group's shared-memory operations (its "
-            "#%llu where this rank is at #%llu): a rank skipped a call, or made one the "
-            "others did not", bad, (unsigned long long)h->seq,
-            (unsigned long long)op->seq);
-    } else {
-        mine = call_text(op->op, op->total, op->kind, op->redop, op->root);
-        theirs = call_text(h->op, h->total, h->kind, h->redop, h->root);
-        text = mine && theirs ? PyUnicode_FromFormat(
-            "ranks called different collectives: group rank %d called %U, this rank "
-            "(group rank %d) called %U", bad, theirs, self->rank, mine) : NULL;
-    }
-    Py_XDECREF(mine);
-    Py_XDECREF(theirs);
-    if (text == NULL)
-        return;
-    PyErr_Format(SmallError, "%U; the group is now unusable (its shared-memory channel "
-                 "stopped at this operation): destroy it", text);
-    if (self->broken == NULL)
-        self->broken = text;
-    else
-        Py_DECREF(text);
-}
-
 static void release(op_t *op)
 {
     if (op->has_send)
@@ -444,24 +337,25 @@ static void release(op_t *op)
 static int Small_init(Small *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"rank", "size", "slots", "slot_bytes", "regions", "limits",
-                            "slice", "yield_every", "split_from", NULL};
+                            "slice", "yield_every", "split_from", "radix", NULL};
     PyObject *regions, *limits;
     Py_ssize_t i;
+    int radix = 0;
     self->split_from = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiinOOdl|n", names, &self->rank,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiinOOdl|ni", names, &self->rank,
                                      &self->size, &self->slots, &self->slot_bytes,
                                      &regions, &limits, &self->slice, &self->yield_every,
-                                     &self->split_from))
+                                     &self->split_from, &radix))
         return -1;
     if (self->size < 2 || self->rank < 0 || self->rank >= self->size || self->slots < 2 ||
+        self->slots > MAX_SLOTS ||
         self->slot_bytes % 64 || !PySequence_Check(regions) ||
         PySequence_Size(regions) != self->size || !PySequence_Check(limits) ||
         PySequence_Size(limits) != N_OPS) {
         PyErr_SetString(PyExc_ValueError, "Small: inconsistent layout");
         return -1;
     }
-    self->data_at = HEADERS_AT + (Py_ssize_t)self->slots * HEADER_BYTES;
-    self->data_at = (self->data_at + 127) / 128 * 128;
+    self->tree_at = head_layout(self->slots, &self->data_at);
     self->regions = PyMem_Calloc((size_t)self->size, sizeof(char *));
     if (self->regions == NULL) {
         PyErr_NoMemory();
@@ -485,6 +379,8 @@ static int Small_init(Small *self, PyObject *args, PyObject *kwargs)
         if (PyErr_Occurred())
             return -1;
     }
+    if (tree_layout(self, radix) < 0)
+        return -1;
     /* a fresh segment is zeroed: counters start at 0, operations at 1 */
     self->next = load(self, self->rank, POSTED_AT) + 1;
     return 0;
@@ -702,7 +598,21 @@ static PyObject *Small_traffic(Small *self, void *Py_UNUSED(unused))
     return Py_BuildValue("(KK)", self->read, self->written);
 }
 
+static PyObject *Small_handoff(Small *self, void *Py_UNUSED(unused))
+{
+    return Py_BuildValue("(KK)", self->polled, self->signalled);
+}
+
+static PyObject *Small_levels(Small *self, void *Py_UNUSED(unused))
+{
+    return PyLong_FromLong(self->levels);
+}
+
 static PyGetSetDef Small_getset[] = {
+    {"handoff", (getter)Small_handoff, NULL,
+     "(lines polled, lines written) by this rank's hand-offs so far", NULL},
+    {"levels", (getter)Small_levels, NULL,
+     "levels of the hand-off's combining tree (0: flat)", NULL},
     {"started", (getter)Small_started, NULL, "operations started so far", NULL},
     {"traffic", (getter)Small_traffic, NULL,
      "(bytes read, bytes written) by this rank's operations so far", NULL},
@@ -761,7 +671,20 @@ static PyObject *module_set_mismatch(PyObject *Py_UNUSED(module), PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* head_bytes(slots) -> bytes of a region before its data slots */
+static PyObject *module_head_bytes(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_ssize_t data_at;
+    long slots = PyLong_AsLong(arg);
+    if (slots == -1 && PyErr_Occurred())
+        return NULL;
+    head_layout((int)slots, &data_at);
+    return PyLong_FromSsize_t(data_at);
+}
+
 static PyMethodDef module_methods[] = {
+    {"head_bytes", module_head_bytes, METH_O,
+     "head_bytes(slots) -> bytes of a region before its data slots"},
     {"kind", module_kind, METH_O, "kind(array) -> the channel's element kind, or -1"},
     {"set_mismatch", module_set_mismatch, METH_O,
      "set_mismatch(cls): the exception class a mismatch between ranks raises"},

@@ -145,6 +145,25 @@ def split_from(size: int, crowded: bool = False) -> int:
     return max(64 * size, int(even) // 64 * 64)
 
 
+#: Ranks of one node from which the hand-off is a combining tree (``_handoff.h``). Flat,
+#: each waiting rank reads one counter line per rank, n - 1 of them, so a node moves
+#: about 3 n^2 lines per operation between its cores (16 ranks: 768; 64: 12288); the
+#: tree moves O(n), for an atomic add per rank and a chain of log_k n adds behind the
+#: last arrival. The node measured so far (16 ranks, flat) is left as it was: the tree
+#: starts above it, where the flat form's traffic grows past the tree's chain.
+TREE_FROM = 32
+
+
+def tree_radix(size: int) -> int:
+    """The radix of the hand-off's tree for a group of ``size`` ranks on one node, or 0
+    for the flat form (``HPCCOMM_SHM_TREE``, ``HPCCOMM_SHM_TREE_RADIX``)."""
+    start = settings.SHM_TREE.get()
+    start = TREE_FROM if start is None else start
+    if not start or size < max(start, 3):
+        return 0
+    return max(2, settings.SHM_TREE_RADIX.get())
+
+
 def capped(size: int, below: Mapping[int, int], vendor: Optional[str] = None
            ) -> Tuple[int, ...]:
     """:func:`limits`, each at most ``below[code]`` (where the shared-memory ring starts)."""
@@ -163,14 +182,13 @@ class Channel:
     """The small-collective channel of one group on one node (collective to make)."""
 
     def __init__(self, node: Any, rank: int, sizes: Sequence[int], split: int,
-                 yield_every: int, timeout: Optional[float]):
+                 yield_every: int, timeout: Optional[float], radix: int = 0):
         from .segment import Segment
 
         size = node.Get_size()
         self.sizes = tuple(sizes)
         self.slot_bytes = slot_bytes(size, sizes)
-        head = _small.HEADERS_AT + SLOTS * _small.HEADER_BYTES
-        head = -(-head // 128) * 128
+        head = _small.head_bytes(SLOTS)
         self.segment = Segment(node, head + SLOTS * self.slot_bytes, control=False)
         self.node = node
         self.timeout = timeout
@@ -178,12 +196,22 @@ class Channel:
         self.split_from = split
         self.kernel = _small.Small(rank, size, SLOTS, self.slot_bytes,
                                    [region.ctypes.data for region in self.segment.regions],
-                                   self.sizes, SLICE_S, yield_every, self.split_from)
+                                   self.sizes, SLICE_S, yield_every, self.split_from,
+                                   radix)
+        #: Levels of the hand-off's combining tree (:func:`tree_radix`); 0: flat.
+        self.levels = self.kernel.levels
         #: ``run(code, send, recv, redop, root)``: the whole synchronous operation.
         self.run = self.kernel.run
         #: ``sum_at(address, nbytes, kind)``: the same, for an in-place sum of memory
         #: the caller keeps (kinds from :func:`kind`).
         self.sum_at = self.kernel.sum_at
+
+    @property
+    def handoff(self) -> Tuple[int, int]:
+        """``(lines polled, lines written)`` by this rank's hand-offs on the channel so
+        far: the counters it waited on and the ones it raised, each counted once per
+        operation (the data and headers are :attr:`traffic`)."""
+        return self.kernel.handoff
 
     @property
     def traffic(self) -> Tuple[int, int]:
@@ -257,13 +285,14 @@ def channel(node: Any, rank: int, yield_every: int, timeout: Optional[float],
     from ..mpi import placement
 
     crowded = placement.crowded(node)  # collective
-    sizes, split = node.bcast((capped(node.Get_size(), below),
-                               split_from(node.Get_size(), crowded))
-                              if node.Get_rank() == 0 else None)
+    sizes, split, radix = node.bcast((capped(node.Get_size(), below),
+                                      split_from(node.Get_size(), crowded),
+                                      tree_radix(node.Get_size()))
+                                     if node.Get_rank() == 0 else None)
     if not any(sizes[1:]):
         return None
     try:
-        return Channel(node, rank, sizes, split, yield_every, timeout)
+        return Channel(node, rank, sizes, split, yield_every, timeout, radix)
     except OSError:  # every rank gets it (the segment checks with all of them)
         return None
 
