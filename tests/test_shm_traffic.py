@@ -41,8 +41,11 @@ def test_what_a_rank_reads_writes_and_polls_does_not_grow_with_the_group(hpccomm
     channel = dist.group.WORLD.cpu.small
     if channel is None:
         pytest.skip("the ranks are not on one node: no shared memory to share")
+    # the default hand-off: flat below TREE_FROM ranks, a tree of radix 8 from there
+    expected = 0 if n < small.TREE_FROM else math.ceil(math.log(n, 8) - 1e-9)
+    assert channel.levels == expected, (n, channel.levels)
     bytes_moved(dist, channel, n, rank)
-    lines_polled_and_written(dist, channel, n, rank)
+    lines_polled_and_written(dist, n, rank)
 
 
 def bytes_moved(dist, channel, n, rank):
@@ -82,12 +85,7 @@ def bytes_moved(dist, channel, n, rank):
         assert read == (2 * n - 1) * block and written == n * block, (n, read, written)
 
 
-def lines_polled_and_written(dist, channel, n, rank):
-    from hpccomm.backends.shm import small
-
-    # the default: flat below TREE_FROM ranks, a tree of radix 8 from there
-    expected = 0 if n < small.TREE_FROM else math.ceil(math.log(n, 8) - 1e-9)
-    assert channel.levels == expected, (n, channel.levels)
+def lines_polled_and_written(dist, n, rank):
     deep = tree_group(dist, list(range(n)))
     with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_TREE="0"):
         flat = dist.new_group(list(range(n)), timeout=60)

@@ -56,10 +56,9 @@ class Communicator(abc.ABC):
     #: Longest spin (seconds) of :attr:`transfer_now` before the general wait takes over.
     transfer_slice = 0.0
 
-    @staticmethod
-    def transfer_running(request: Any) -> Any:
-        """``(test, finish, keep)`` of a transfer :attr:`transfer_now` left running."""
-        raise NotImplementedError
+    #: ``transfer_running(request)``: the ``(test, finish, keep)`` of a transfer
+    #: :attr:`transfer_now` left running; given with it.
+    transfer_running: Optional[Callable[[Any], Any]] = None
 
     @staticmethod
     def transfer_error(exc: Exception) -> Exception:

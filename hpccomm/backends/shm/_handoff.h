@@ -113,6 +113,24 @@ static inline uint64_t use_of(Small *self, uint64_t seq)
 
 /* -- the three waits and the three signals ---------------------------------------------- */
 
+/* Whether every other rank has raised `kind` for op: on the tree the root's count of
+ * use `use`; flat, each rank's own counter at `at` of its region. */
+static int others_at(Small *self, op_t *op, int kind, uint64_t use, Py_ssize_t at)
+{
+    int r;
+    if (self->levels) {
+        if (!all_arrived(self, kind, op->seq, use))
+            return 0;
+        self->polled++;
+        return 1;
+    }
+    for (r = 0; r < self->size; r++)
+        if (r != self->rank && load(self, r, at) < op->seq)
+            return 0;
+    self->polled += (unsigned long long)self->size - 1;
+    return 1;
+}
+
 /* Whether every rank has finished reading the operation that last used op's slot. */
 static int slot_free(Small *self, op_t *op)
 {
@@ -144,24 +162,13 @@ static void signal_posted(Small *self, op_t *op)
 /* Whether the ranks op reads from have posted it. */
 static int arrived(Small *self, op_t *op)
 {
-    int r;
     if (op->op == OP_BROADCAST) {
         if (op->root != self->rank && load(self, op->root, POSTED_AT) < op->seq)
             return 0;
         self->polled += op->root != self->rank;
         return 1;
     }
-    if (self->levels) {
-        if (!all_arrived(self, C_ARRIVED, op->seq, use_of(self, op->seq)))
-            return 0;
-        self->polled++;
-        return 1;
-    }
-    for (r = 0; r < self->size; r++)
-        if (r != self->rank && load(self, r, POSTED_AT) < op->seq)
-            return 0;
-    self->polled += (unsigned long long)self->size - 1;
-    return 1;
+    return others_at(self, op, C_ARRIVED, use_of(self, op->seq), POSTED_AT);
 }
 
 /* This rank has read what op needs from the slots. */
@@ -189,18 +196,7 @@ static void signal_reduced(Small *self, op_t *op)
 /* Whether every other rank has published its reduced part of op. */
 static int parts_reduced(Small *self, op_t *op)
 {
-    int r;
-    if (self->levels) {
-        if (!all_arrived(self, C_REDUCED, op->seq, op->split_use))
-            return 0;
-        self->polled++;
-        return 1;
-    }
-    for (r = 0; r < self->size; r++)
-        if (r != self->rank && load(self, r, REDUCED_AT) < op->seq)
-            return 0;
-    self->polled += (unsigned long long)self->size - 1;
-    return 1;
+    return others_at(self, op, C_REDUCED, op->split_use, REDUCED_AT);
 }
 
 #endif
