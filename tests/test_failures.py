@@ -131,6 +131,16 @@ def test_survivors_name_the_dead_rank_shrink_agree_and_go_on(n):
     assert code == 0, output
 
 
+def test_agreements_are_right_beside_threads_that_poll_mpi():
+    _needs_ulfm()
+    code, output, _ = run_case("agree_beside_a_thread", 3, launcher_args=ULFM, CASE_TIMEOUT=30)
+    found = results(output)
+    assert sorted(found) == [0, 1, 2], output
+    for rank in range(3):
+        assert found[rank]["wrong"] == "0", (rank, found[rank])
+    assert code == 0, output
+
+
 def test_torch_survivors_shrink_and_train_again():
     _needs_ulfm()
     pytest.importorskip("torch", reason="torch is not installed: the torch case needs it")

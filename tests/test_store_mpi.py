@@ -197,3 +197,34 @@ def test_idle_server_thread_sleeps_instead_of_spinning(only_mpi_store):
         time.sleep(1.0)
         assert _thread_cpu_seconds(thread) - before < 0.1  # ~100 short wake-ups, no spin
     MPI.COMM_WORLD.Barrier()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_server_stays_out_of_mpi_while_the_helper_lock_is_held(only_mpi_store):
+    """The server's rounds of MPI calls take ``mpi_level.helper_lock``, as a ULFM
+    agreement needs (docs/never-hang.md): none runs while another thread holds it, and
+    serving goes on once it is free."""
+    from mpi4py import MPI
+
+    from hpccomm import mpi_level
+
+    mpi_store = only_mpi_store
+    if mpi_store.rank == 0:
+        server = mpi_store._shared.server
+        rounds, real = [], server._round
+        server._round = lambda status: rounds.append(1) or real(status)
+        deadline = time.monotonic() + 10
+        while not rounds and time.monotonic() < deadline:  # the wrapper is in use
+            time.sleep(0.01)
+        assert rounds, "the server made no round in 10 s"
+        with mpi_level.helper_lock:
+            before = len(rounds)
+            time.sleep(0.2)  # about 20 of its idle rounds, were it not waiting
+            during = len(rounds) - before
+        deadline = time.monotonic() + 10
+        while len(rounds) == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert during == 0 and len(rounds) > before, (during, len(rounds) - before)
+    MPI.COMM_WORLD.Barrier()
+    mpi_store.add("after", 1)  # every rank is still served
+    mpi_store.barrier("served", mpi_store.world_size)

@@ -166,44 +166,18 @@ class _Server:
         self.sends.append((self.comm.Isend([reply, MPI.BYTE], source, tag), reply))
 
     def _run(self) -> None:
-        comm, core, lock = self.comm, self.core, self.lock
-        improbe, status = comm.Improbe, MPI.Status()
-        any_source, any_tag, byte = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.BYTE
         monotonic, sched_yield, sleep = time.monotonic, _spin.sched_yield, time.sleep
+        helper, status = mpi_level.helper_lock, MPI.Status()
         spin_s = _spin.SERVER_SPIN_S
         spin_until, delay = 0.0, _MIN_SLEEP_S
         try:
             while not self.stopping:
-                try:
-                    msg = improbe(any_source, any_tag, status)
-                except MPI.Exception as exc:
-                    if not _rank_failed(comm, exc):
-                        raise
-                    continue  # acknowledged: go on serving the live ranks
-                if msg is not None:
-                    buf = bytearray(status.Get_count(byte))
-                    token = (status.Get_source(), status.Get_tag())
-                    msg.Recv([buf, byte])
-                    now = monotonic()
-                    with lock:
-                        try:
-                            reply = core.submit(token, bytes(buf), now)
-                        except ProtocolError as exc:  # ranks are trusted: answer, don't drop
-                            reply = encode_reply(Status.ERROR, [str(exc).encode()])
-                        out = self._take_outbox()
-                    if reply is not None:
-                        self._send(token, reply)
-                    if out:
-                        self._deliver(out)
+                with helper:  # never inside MPI while an agreement progresses
+                    served = self._round(status)
+                now = monotonic()
+                if served:
                     spin_until, delay = now + spin_s, _MIN_SLEEP_S
                     continue
-                now = monotonic()
-                if core.due(now):
-                    with lock:
-                        out = core.expire(now)
-                    self._deliver(out)
-                if self.sends:
-                    self._test_sends()
                 if now < spin_until:
                     sched_yield()
                     continue
@@ -213,6 +187,40 @@ class _Server:
             log.exception("MPIStore server thread failed")
         finally:
             self._finish_sends()
+
+    def _round(self, status: MPI.Status) -> bool:
+        """One round of the server's MPI calls: serve the request that came (true), else
+        deliver the replies whose waits expired and test those in flight."""
+        comm, core = self.comm, self.core
+        try:
+            msg = comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+        except MPI.Exception as exc:
+            if not _rank_failed(comm, exc):
+                raise
+            return True  # acknowledged: go on serving the live ranks
+        now = time.monotonic()
+        if msg is not None:
+            buf = bytearray(status.Get_count(MPI.BYTE))
+            token = (status.Get_source(), status.Get_tag())
+            msg.Recv([buf, MPI.BYTE])
+            with self.lock:
+                try:
+                    reply = core.submit(token, bytes(buf), now)
+                except ProtocolError as exc:  # ranks are trusted: answer, don't drop
+                    reply = encode_reply(Status.ERROR, [str(exc).encode()])
+                out = self._take_outbox()
+            if reply is not None:
+                self._send(token, reply)
+            if out:
+                self._deliver(out)
+            return True
+        if core.due(now):
+            with self.lock:
+                out = core.expire(now)
+            self._deliver(out)
+        if self.sends:
+            self._test_sends()
+        return False
 
     def _test_sends(self) -> None:
         sends = self.sends
@@ -225,7 +233,8 @@ class _Server:
         """Give the last replies time to leave (they usually completed long ago)."""
         deadline = time.monotonic() + seconds
         while self.sends and time.monotonic() < deadline:
-            self._test_sends()
+            with mpi_level.helper_lock:
+                self._test_sends()
             if self.sends:
                 time.sleep(_MIN_SLEEP_S)
 

@@ -40,6 +40,8 @@ import threading
 import time
 from typing import Any, Deque, List, Optional
 
+from ..mpi_level import helper_lock
+
 _monotonic = time.monotonic
 #: Pause between two rounds of tests while operations are driven (the kernel makes it
 #: ~0.1 ms).
@@ -170,7 +172,8 @@ class Progress:
                     idle_since, delay = _monotonic(), POLL_S
                     continue
             if active and not self._held:
-                active = [work for work in active if not _advance(work)]
+                with helper_lock:  # never inside MPI while an agreement progresses
+                    active = [work for work in active if not _advance(work)]
                 now = _monotonic()
                 active = [work for work in active if not work.expire(now)]
                 idle_since = now

@@ -154,6 +154,41 @@ def survive_p2p():
             "error=" + str(exc).replace("\n", " "))
 
 
+def agree_beside_a_thread():
+    """ULFM, no failure: rounds of three agreements (True, "not rank 0", 6 or 7) while a
+    second thread of every rank polls MPI the way hpccomm's helper threads do (under
+    ``mpi_level.helper_lock``), beside rank 0's MPI store server. Open MPI's agreement
+    returned a neighbouring agreement's value a few times in 2,000 rounds when the
+    threads overlapped; each rank says how many rounds went wrong."""
+    from mpi4py import MPI
+
+    from hpccomm import mpi_level
+
+    dist, rank, _ = plain()
+    side, stop = MPI.COMM_SELF.Dup(), threading.Event()
+
+    def poll_mpi():
+        while not stop.is_set():
+            with mpi_level.helper_lock:
+                side.Iprobe()
+            os.sched_yield()  # as a helper between rounds: the others may take the lock
+
+    helper = threading.Thread(target=poll_mpi, name="helper")
+    helper.start()
+    wrong = []
+    try:
+        for i in range(int(os.environ.get("CASE_ROUNDS", "3000"))):
+            got = (dist.agree(True), dist.agree(rank != 0), dist.agree(0b110 | (rank & 1)))
+            if got != (True, False, 6):
+                wrong.append((i, got))
+    finally:
+        stop.set()
+        helper.join()
+    say(rank, f"wrong={len(wrong)}", f"first={wrong[:3]}")
+    side.Free()
+    dist.destroy_process_group()
+
+
 def torch_survive():
     """ULFM under torch: the survivors' all_reduce raises torch's DistBackendError (also
     hpccomm's ProcessFailedError); hpccomm.torch.shrink_group gives a new default group
@@ -199,6 +234,7 @@ CASES = {
     "survive": survive,
     "survive_p2p": survive_p2p,
     "torch_survive": torch_survive,
+    "agree_beside_a_thread": agree_beside_a_thread,
 }
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ from typing import Any, List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from ... import launcher_env
+from ... import launcher_env, mpi_level
 from ...errors import DistBackendError, DistTimeoutError
-from ...work import poll
+from ...work import abandon, poll
 
 #: Error classes that mean "a process of this communicator failed".
 _FAILURE_CLASSES = frozenset(getattr(MPI, name) for name in
@@ -151,22 +151,34 @@ def agree(comm: Any, flag: int, timeout: Optional[float], what: str) -> int:
     """The bitwise AND of ``flag`` over the live ranks of ``comm``, fault-tolerantly.
 
     Failures known before or found during the agreement are acknowledged and the
-    agreement is retried, all under one deadline (``DistTimeoutError`` after it).
+    agreement is retried, all under one deadline (``DistTimeoutError`` after it). Each
+    MPI call holds :data:`hpccomm.mpi_level.helper_lock`, so hpccomm's helper threads
+    never drive MPI's progress during one (Open MPI's agreement can return another
+    agreement's value when two threads do).
     """
+    lock = mpi_level.helper_lock
     deadline = None if timeout is None else time.monotonic() + timeout
-    comm.Ack_failed()
+    with lock:
+        comm.Ack_failed()
     while True:
         value = np.array([flag], dtype=np.intc)
-        request = comm.Iagree(value)
+        with lock:
+            request = comm.Iagree(value)
+
+        def test(request: Any = request) -> bool:
+            with lock:
+                return request.Test()
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         try:
-            waited = poll(request.Test, left)
+            waited = poll(test, left)
         except MPI.Exception as exc:
             if not is_failure(exc):
                 raise
-            comm.Ack_failed()  # a rank failed during the agreement: retry without it
+            with lock:
+                comm.Ack_failed()  # a rank failed during the agreement: retry without it
             continue
         if waited:
+            abandon(test, value)  # MPI writes the result into it once it ends
             raise DistTimeoutError(f"{what} timed out after {timeout} s: some surviving "
                                    f"rank did not join it")
         return int(value[0])
@@ -179,6 +191,7 @@ def shrink(comm: Any, timeout: Optional[float], what: str) -> Any:
     shrink runs, so a survivor that never comes is a timeout, not a hang.
     """
     agree(comm, 1, timeout, what)
-    new = comm.Shrink()
+    with mpi_level.helper_lock:  # the shrink runs agreements of its own
+        new = comm.Shrink()
     new.Set_errhandler(MPI.ERRORS_RETURN)
     return new
