@@ -266,9 +266,12 @@ class Lockstep:
     # -- the watchdog thread ------------------------------------------------------------
     def _watch(self) -> None:
         warned = False
+        from ..mpi_level import helper_lock
+
         while not self._stop.wait(WATCH_S):
             try:
-                self._take_notices()
+                with helper_lock:  # never inside MPI while an agreement progresses
+                    self._take_notices()
                 with self.lock:
                     self._check(time.monotonic(), signal_main=True)
             except Exception as exc:  # a watchdog must not die silently, nor kill the job
