@@ -17,9 +17,10 @@ served over TCP instead of by an MPI thread (:func:`hpccomm.stores.mpi.job_store
 ``hpccomm.torch``'s asynchronous operations progress while waited for.
 
 At ``multiple``, hpccomm's own helper threads that call MPI (the MPI store's server,
-``hpccomm.torch``'s progress thread, the pytest plugin's lockstep watchdog) take :data:`helper_lock` around each of their
-rounds, and a fault-tolerant agreement takes it around each of its MPI calls, so that no
-helper thread is inside MPI while an agreement progresses (see :data:`helper_lock`).
+``hpccomm.torch``'s progress thread, the pytest plugin's lockstep watchdog) take
+:data:`helper_lock` around each of their rounds, and a fault-tolerant agreement takes it
+around each of its MPI calls, so that no helper thread is inside MPI while an agreement
+progresses (see :data:`helper_lock`).
 """
 from __future__ import annotations
 
