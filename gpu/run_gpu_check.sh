@@ -12,8 +12,9 @@
 # 2. says what it found (gpu/preflight.py: mpi4py, pytest, pytest-mpi, CuPy, NCCL, the
 #    GPUs; torch and ml_dtypes optional) and stops with exit status 2 and the list of
 #    what is missing if something required is;
-# 3. runs the GPU tests (tests/test_gpu_collectives.py, cupy-* cases and the rest) at world
-#    size 1, then 2 and 4 ranks where the machine has that many GPUs (one rank per GPU);
+# 3. runs the GPU tests (tests/test_gpu_collectives.py and tests/test_gpu_lifecycle.py,
+#    cupy-* cases and the rest) at world size 1, then 2 and 4 ranks where the machine has
+#    that many GPUs (one rank per GPU);
 # 4. runs benchmarks/studies/gpu_allreduce.py (hpccomm vs raw cupy.cuda.nccl, same buffers) at
 #    world size 1 and at the number of GPUs;
 # 5. runs gpu/capture_check.py (collectives captured in a CUDA graph, replayed, checked) at
@@ -107,7 +108,7 @@ cd "$ROOT" || exit 2
     echo
     echo '```json'; cat "$OUT/environment.json"; echo '```'
     echo
-    echo "## Tests (tests/test_gpu_collectives.py)"
+    echo "## Tests (tests/test_gpu_collectives.py, tests/test_gpu_lifecycle.py)"
     echo
     echo "| ranks | result |"
     echo "|---|---|"
@@ -117,7 +118,7 @@ for n in ${GPU_CHECK_RANKS:-1 2 4}; do
     log "tests at $n rank(s)"
     HPCCOMM_TEST_TIMEOUT=120 timeout 1200 "$MPIEXEC" -n "$n" "$PY" -m pytest -q -rs \
         -m mpi --with-mpi -p no:cacheprovider tests/test_gpu_collectives.py \
-        >"$OUT/tests-n$n.log" 2>&1
+        tests/test_gpu_lifecycle.py >"$OUT/tests-n$n.log" 2>&1
     code=$?
     line="$(grep -E '[0-9]+ (passed|failed)' "$OUT/tests-n$n.log" | tail -1)"
     skipped_gpu="$(grep -c 'no CUDA device/CuPy/NCCL' "$OUT/tests-n$n.log")"

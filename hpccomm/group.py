@@ -12,7 +12,7 @@ import warnings
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import rendezvous, work as _work
-from .errors import DistBackendError, DistError, DistValueError
+from .errors import DistBackendError, DistError, DistValueError, Undescribed, described
 from .types import NON_GROUP_MEMBER, Backend, timeout_seconds
 
 
@@ -103,6 +103,30 @@ class ProcessGroup:
         if device == "cuda":
             self.stream_run = getattr(made, "stream_run", None)
         return made
+
+    def split_devices(self, child: Optional["ProcessGroup"], backends: Dict[str, str],
+                      timeout: Optional[float], op: str) -> None:
+        """Give ``child`` (made by splitting this group's MPI communicator; ``None`` on a
+        rank in no part) device communicators split from this group's, where a backend
+        splits its own (NCCL's ``ncclCommSplit``: no new bootstrap); the others are made
+        on first use, as always. ``backends`` are the child's (the same on every rank).
+
+        Collective over this group: every rank calls it right after the MPI split. Only
+        a device communicator this group already made and can split takes part (the
+        NCCL one exists on every rank once any GPU collective of the group ran)."""
+        for device, source in list(self._communicators.items()):
+            if (backends.get(device) != self.backend_names.get(device)
+                    or not getattr(source, "splittable", lambda: False)()):
+                continue
+            try:
+                made = source.split(child.comm if child is not None else None,
+                                    child.timeout if child is not None else timeout)
+            except Undescribed as exc:
+                raise described(self.at(op), exc) from None
+            if child is not None and made is not None:
+                child._communicators[device] = made
+                if device == "cuda":
+                    child.stream_run = getattr(made, "stream_run", None)
 
     def set_timeout(self, seconds: Optional[float]) -> None:
         """The timeout of the group's operations from now on, in its backends too."""
@@ -493,11 +517,14 @@ def split_group(parent_pg: GroupLike = None, split_ranks: Optional[List[List[int
         comm = mpi_backend().split(parent.comm, color, key)
     except Exception as exc:
         raise parent.error("split_group", f"MPI_Comm_split failed: {exc}")
-    if comm is None:
-        return None
     timeout = parent.timeout if timeout is None else timeout
     backend = parent.backend_string() if backend is None else backend
-    return _make_group(comm, names[color], timeout, backend, group_desc, "split_group")
+    child = None
+    if comm is not None:
+        child = _make_group(comm, names[color], timeout, backend, group_desc, "split_group")
+    parent.split_devices(child, backend_map(backend, "split_group"),
+                         timeout_seconds(timeout), "split_group")
+    return child
 
 
 def _check_splits(parent: ProcessGroup, split_ranks: Any, op: str) -> List[List[int]]:

@@ -21,7 +21,7 @@ import warnings
 from typing import Any, List, Optional, Tuple
 
 from . import launcher_env, observe
-from .errors import DistValueError
+from .errors import DistValueError, Undescribed, described
 from .group import (ProcessGroup, backend_map, destroy, is_non_member, mpi_backend, registry,
                     resolve)
 from .types import Backend, default_pg_timeout, timeout_seconds
@@ -223,10 +223,27 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
             from .backends.cuda import device as _cuda
             _cuda.bind_at_init(world_comm, device_id)
         registry.store = _make_store(init_method, store, mpi_rank, mpi_size, seconds, comm)
+        if device_id is not None and backends.get("cuda") == "nccl":
+            _connect_nccl(pg)
     except BaseException:
         destroy_process_group()
         raise
     report_initialized(pg, seconds, shared, type(registry.store).__name__)
+
+
+def _connect_nccl(pg: ProcessGroup) -> None:
+    """With a bound device, the default group's NCCL communicator is made at once, as
+    torch does: the groups split from it later (``split_group``, ``new_subgroups``, a
+    DeviceMesh) then need no NCCL bootstrap of their own. Without CuPy, a GPU or NCCL
+    nothing is made here; the first GPU call says what is missing."""
+    from .backends.cuda import nccl
+
+    if not nccl.available():
+        return
+    try:
+        pg.communicator("cuda").connect()
+    except Undescribed as exc:
+        raise described(pg.at("init_process_group"), exc) from None
 
 
 def report_initialized(pg: ProcessGroup, seconds: float, cores: str, store: str) -> None:

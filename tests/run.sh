@@ -78,6 +78,7 @@ SERIAL_MPICH_COVERS=()
 for nodeid in tests/test_architecture.py tests/test_core_types.py tests/test_settings.py \
         tests/test_docs.py tests/test_mesh_layout.py tests/test_stores.py \
         tests/test_store_tcp.py tests/test_store_file.py tests/test_gpu_setup.py \
+        tests/test_gpu_lifecycle.py \
         tests/test_torch_compatibility.py tests/torch_port/ tests/test_checkpoint.py \
         tests/test_examples.py \
         "tests/test_failures.py::test_no_traceback_is_lost[torch_mpi_exception]" \
@@ -114,7 +115,7 @@ DEEPSPEED="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[dee
 #: MPI tests that also run at 8 ranks, and those that run with the sanitized helpers
 EIGHT="tests/test_differential.py tests/test_stress.py tests/test_collectives.py
        tests/test_groups.py tests/test_shm.py tests/test_shm_small.py tests/test_shm_plan.py
-       tests/test_shm_handoff.py"
+       tests/test_shm_handoff.py tests/test_gpu_lifecycle.py"
 SANITIZED="tests/test_shm.py tests/test_shm_small.py tests/test_shm_kernel.py
            tests/test_shm_hier.py tests/test_mpi_direct.py tests/test_differential.py
            tests/test_stress.py tests/test_shm_handoff.py"

@@ -8,6 +8,12 @@ dimension, say) an ``MPI_Comm_split`` of it, one color per group. A dimension sp
 the whole world in rank order is the default group itself, as in torch. Every creation
 is preceded by a meeting under the group timeout, so a missing rank is a
 ``DistTimeoutError``, never a hang. Groups are cached by (layout, backend).
+
+Device communicators follow the same tree where their backend can split (NCCL): the
+Cartesian group's is split from the default group's when the mesh is the whole world
+in order, each dimension's from the Cartesian group's, so a mesh whose parent already
+has its NCCL communicator makes no new NCCL bootstrap
+(:meth:`~hpccomm.group.ProcessGroup.split_devices`).
 """
 from __future__ import annotations
 
@@ -120,6 +126,7 @@ class MeshGroups:
         if list(pg.ranks) != line:
             raise DistError(f"hpccomm.{what} on {self.describe()}: the group has ranks "
                             f"{list(pg.ranks)}, expected {line}")
+        cart.split_devices(pg, pg.backend_names, pg.timeout, what)
         return pg
 
     def _cartesian(self) -> ProcessGroup:
@@ -152,6 +159,8 @@ class MeshGroups:
                               f"{exc}") from exc
         self.cart = from_communicator(comm, registry.unique_name(members, prefix="mesh"),
                                       desc="mesh")
+        if members == list(range(world.size())):  # every rank of the world is here
+            world.split_devices(self.cart, self.cart.backend_names, self.cart.timeout, what)
         return self.cart
 
     def _error(self, message: str) -> DistValueError:

@@ -7,6 +7,10 @@ init       DeviceMesh initializes the default group when nothing did (torch's ru
 nonmember  A mesh over half the world: ranks outside it get NON_GROUP_MEMBER, -1 and
            None without communicating, members communicate on its groups, and the
            whole world then meets in a barrier (nothing hangs). Timeouts are short.
+gpu_sim    On the simulated GPU (tests/gpu_sim), 4 ranks: init_process_group with a
+           device_id makes the default group's NCCL communicator at once; a 2 x 2 mesh
+           then all-reduces on each dimension. Reports the NCCL communicators made by
+           bootstrap and by split after init (``init=``) and after the mesh (``mesh=``).
 """
 import os
 import sys
@@ -54,5 +58,26 @@ def case_nonmember() -> None:
     dist.destroy_process_group()
 
 
+def case_gpu_sim() -> None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "gpu_sim"))
+    import cupy
+    from cupy.cuda import nccl
+
+    def made() -> str:
+        return f"{nccl.made['bootstrap']},{nccl.made['split']}"
+    dist.init_process_group(backend="cpu:mpi,cuda:nccl", device_id=0, timeout=30)
+    after_init = made()
+    mesh = dist.init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+    sums = []
+    for name in ("dp", "tp"):
+        x = cupy.asarray(np.full(2, dist.get_rank() + 1.0, np.float32))
+        dist.all_reduce(x, group=mesh.get_group(name))
+        sums.append(f"{float(x[0]):g}")
+    report(f"RESULT rank={dist.get_rank()} init={after_init} mesh={made()} "
+           f"sums={','.join(sums)}")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    {"init": case_init, "nonmember": case_nonmember}[sys.argv[1]]()
+    {"init": case_init, "nonmember": case_nonmember, "gpu_sim": case_gpu_sim}[sys.argv[1]]()

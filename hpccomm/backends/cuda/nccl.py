@@ -73,6 +73,21 @@ def available() -> bool:
     return _available
 
 
+#: The color of a rank that joins no part of a split (``NCCL_SPLIT_NOCOLOR``).
+NOCOLOR = -1
+#: The first NCCL release with ``ncclCommSplit`` (as ``major * 10000 + minor * 100``).
+SPLIT_SINCE = 21800
+
+
+def can_split(nccl: Any) -> bool:
+    """Whether ``nccl`` (CuPy's module) splits communicators: CuPy 14 or later
+    (``NcclCommunicator.commSplit``), built with and running on NCCL 2.18 or later."""
+    built = getattr(nccl, "get_build_version", None)
+    return (hasattr(getattr(nccl, "NcclCommunicator", None), "commSplit")
+            and built is not None and built() >= SPLIT_SINCE
+            and nccl.get_version() >= SPLIT_SINCE)
+
+
 def version() -> Tuple[int, int, int]:
     """The loaded NCCL library's version as ``(major, minor, patch)``."""
     code = nccl_module().get_version()
@@ -109,6 +124,7 @@ class NCCLCommunicator(Communicator):
         self.failure: Optional[BaseException] = None
         self._comm: Any = None                      # the group's NCCL communicator
         self._pairs: Dict[int, Any] = {}            # peer -> two-rank communicator
+        self._splits = 0                            # splits made of self._comm
         self._created: List[Any] = []               # every NCCL communicator, in order
         self._plans: Dict[Tuple[Any, RedOpType], Plan] = {}
         #: (op, dtype) -> (NCCL type, NCCL op, bytes per counted element): the
@@ -147,6 +163,48 @@ class NCCLCommunicator(Communicator):
             uid = self._meet(list(range(self.size)), "group")
             self._comm = self._new_comm(self.size, uid, self.rank)
         return self._comm
+
+    def connect(self) -> None:
+        """Make the group's NCCL communicator now (collective over the group), as
+        ``init_process_group(device_id=...)`` does for the default group."""
+        with self._lock:
+            self._full()
+
+    def splittable(self) -> bool:
+        """Whether :meth:`split` makes children here: the group's NCCL communicator
+        exists and works, and NCCL and CuPy can split it."""
+        return (self._comm is not None and self.failure is None and not self._closed
+                and can_split(self.nccl))
+
+    def split(self, child: Optional[Any],
+              timeout: Optional[float]) -> Optional["NCCLCommunicator"]:
+        """The NCCL communicator of ``child`` (an MPI communicator made of some of this
+        group's ranks, just split from the group's), made with ``ncclCommSplit`` from
+        this group's: no unique id, no bootstrap, resources shared with the parent.
+
+        Collective over this group: every rank calls it right after the MPI split (a
+        rank in no part passes ``None`` and gets ``None``), when :meth:`splittable`.
+        The ranks meet over MPI first, under ``timeout``, so a rank that does not come
+        is named on every rank that did, instead of leaving them in NCCL's split. The
+        child's ranks keep the MPI communicator's order."""
+        self._not_capturing("splitting the group's NCCL communicator")
+        self._splits += 1
+        key = f"split {self._splits}"
+        shared_gpu.meet(self.mpi_comm, list(range(self.size)), key, self.cp, self.device,
+                        self.timeout if timeout is None else timeout, None)
+        color, rank = NOCOLOR, 0
+        if child is not None:
+            from ..mpi.plumbing import ranks_in
+
+            color, rank = min(ranks_in(child, self.mpi_comm)), child.Get_rank()
+        with self._lock, self._dev:
+            made = self._comm.commSplit(color, rank)
+        if child is None:
+            return None
+        adopted = NCCLCommunicator(child, timeout)
+        adopted._comm = made
+        adopted._created.append(made)
+        return adopted
 
     def _meet(self, members: List[int], key: str) -> Any:
         """The meeting before communicator ``key`` of ``members``: its NCCL unique id."""

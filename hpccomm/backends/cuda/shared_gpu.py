@@ -147,13 +147,14 @@ def _raise_if_shared(table: Sequence[Identity], ranks: Optional[Sequence[int]]) 
 
 
 def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
-         timeout: Optional[float], unique_id: Callable[[], Any]) -> Any:
+         timeout: Optional[float], unique_id: Optional[Callable[[], Any]]) -> Any:
     """The meeting of ``members`` (positions in ``comm``, the group's MPI communicator,
     in the new communicator's rank order; this rank among them) before they make the
-    NCCL communicator ``key`` names (``"group"``, ``"pair 0-2"``): returns the unique id
-    that ``unique_id()`` made on the first member, in the form it gave it (CuPy's:
-    ``bytes``, or a tuple of chars); raises on every member if some never came within ``timeout`` seconds, if
-    two share a GPU, or if they came to make different communicators."""
+    NCCL communicator ``key`` names (``"group"``, ``"pair 0-2"``, ``"split 3"``):
+    returns the unique id that ``unique_id()`` made on the first member, in the form it
+    gave it (CuPy's: ``bytes``, or a tuple of chars), or ``None`` without ``unique_id``
+    (a split needs none); raises on every member if some never came within ``timeout``
+    seconds, if two share a GPU, or if they came to make different communicators."""
     members = [int(m) for m in members]
     what = f"NCCL communicator creation ({_described(key, members)})"
 
@@ -163,6 +164,8 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
         if any(k != keys[0] for k in keys):
             raise DistBackendError(_different(keys, members))
         _raise_if_shared([decode(r[:RECORD_BYTES]) for r in records], members)
+        if unique_id is None:
+            return b""
         made = unique_id()
         uid = made if isinstance(made, bytes) else bytes(b & 0xFF for b in made)
         if len(uid) != UID_BYTES:
@@ -183,6 +186,8 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
         raise
     except DistTimeoutError:  # the first rank never took this rank's record or answered
         raise NeverCame(_never_answered(comm, members, what, timeout)) from None
+    if not answer:
+        return None
     form, uid = answer[:1], answer[1:]
     return uid if form == _AS_BYTES else tuple(int(b) for b in np.frombuffer(uid, np.int8))
 
@@ -190,7 +195,20 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
 def _described(key: str, members: Sequence[int]) -> str:
     if key == "group":
         return "the group's communicator"
+    if key.startswith("split"):
+        return (f"a communicator split from the group's, its {_ordinal(key)} "
+                f"(ncclCommSplit)")
     return f"the pair communicator of ranks {_names(members)}"
+
+
+def _ordinal(key: str) -> str:
+    """``"split 3"`` -> ``"3rd"``."""
+    number = key.split(" ", 1)[-1]
+    if not number.isdigit():
+        return number
+    n = int(number)
+    ending = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{ending}"
 
 
 def _different(keys: Sequence[str], members: Sequence[int]) -> str:

@@ -23,6 +23,12 @@ _DTYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float
 _queue = []
 _depth = [0]
 calls = []  # names of the NCCL calls made, for tests
+#: Communicators made, by how: "bootstrap" (ncclCommInitRank from a unique id) or
+#: "split" (ncclCommSplit of a parent), for tests that count bootstraps.
+made = {"bootstrap": 0, "split": 0}
+#: The NCCL version this simulation reports, at build and at run time; set below 21800
+#: (SIM_NCCL_VERSION=21705) to be an NCCL without ncclCommSplit (before 2.18).
+VERSION = int(os.environ.get("SIM_NCCL_VERSION", "22105"))
 #: Seconds a simulated NCCL call may wait for its peers before it raises (a real NCCL
 #: call would stall its stream; hpccomm's watchdog then aborts). Never forever: one
 #: broken test must not hang the tests after it.
@@ -40,7 +46,11 @@ def _wait(request, what):
 
 
 def get_version():
-    return 22105
+    return VERSION
+
+
+def get_build_version():
+    return VERSION
 
 
 def get_unique_id():
@@ -101,7 +111,13 @@ class NcclCommunicator:
             time.sleep(0.001)
         ranks = [int(open(os.path.join(where, str(r))).read()) for r in range(ndev)]
         group = world.Get_group().Incl(ranks)
-        self.comm = world.Create_group(group, tag=int.from_bytes(commId[:2], "little") & 0x3FFF)
+        # from the group alone (MPI 4), as NCCL bootstraps without MPI: a failed rank
+        # outside the group (ULFM) does not stop the survivors' communicator
+        try:
+            self.comm = MPI.Intracomm.Create_from_group(group, "sim-nccl-" + commId[:12].hex())
+        except (NotImplementedError, MPI.Exception):  # an MPI before 4: from the world
+            self.comm = world.Create_group(group, tag=int.from_bytes(commId[:2], "little")
+                                           & 0x3FFF)
         group.Free()
         _wait(self.comm.Ibarrier(), "ncclCommInitRank")
         if rank == 0:
@@ -110,6 +126,29 @@ class NcclCommunicator:
             os.rmdir(where)
         self.rank, self.ndev, self.pending = rank, ndev, []
         self.aborted = False
+        made["bootstrap"] += 1
+
+    @classmethod
+    def _from_split(cls, comm, rank, ndev):
+        self = cls.__new__(cls)
+        self.comm, self.rank, self.ndev, self.pending = comm, rank, ndev, []
+        self.aborted = False
+        made["split"] += 1
+        return self
+
+    def commSplit(self, color, key, config=None):
+        """As CuPy 14's: collective over this communicator; ``None`` for color -1."""
+        calls.append("commSplit")
+        if VERSION < 21800:
+            raise RuntimeError("ncclCommSplit is not available in this version")
+        if self.aborted:
+            raise RuntimeError("NCCL error: communicator aborted")
+        request = self.comm.Ibarrier()  # every rank of the parent calls it, as in NCCL
+        _wait(request, "ncclCommSplit")
+        sub = self.comm.Split(MPI.UNDEFINED if color < 0 else color, key)
+        if sub == MPI.COMM_NULL:
+            return None
+        return NcclCommunicator._from_split(sub, sub.Get_rank(), sub.Get_size())
 
     def _run(self, name, fn, stream, is_send=False):
         calls.append(name)
@@ -180,7 +219,15 @@ class NcclCommunicator:
     def abort(self):
         self.aborted = True
 
+    def rank_id(self):
+        return self.rank
+
+    def size(self):
+        return self.ndev
+
     def destroy(self):
         for request, _ in self.pending:
             _wait(request, "destroy (pending sends)")
-        self.comm.Free()
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None

@@ -1,0 +1,240 @@
+"""The NCCL communicators' life cycle on the simulated device: split from the parent,
+the bootstrap fallback, a rank missing from a split, a DeviceMesh's communicators.
+
+Each test runs through the real backend code with ``tests/gpu_sim`` standing in for
+CuPy and NCCL (see ``tests/test_gpu_collectives.py``), whose ``cupy.cuda.nccl.made``
+counts the communicators made by a unique-id bootstrap and by a split. They skip where
+a real CuPy is installed: ``gpu/run_gpu_check.sh`` checks the real NCCL there.
+"""
+import time
+
+import numpy as np
+import pytest
+
+from helpers import result_lines, run_case
+from test_gpu_collectives import GPU_SKIP, REAL_CUPY, install_sim, uninstall_sim
+
+GPU = "cpu:mpi,cuda:nccl"
+SIMULATED = pytest.mark.skipif(REAL_CUPY, reason="a real CuPy is installed: the GPU's "
+                                                 "own test below runs instead")
+
+
+@pytest.fixture(scope="module")
+def sim(world):
+    """The simulated ``cupy`` (on the path for this module's tests)."""
+    if REAL_CUPY:
+        pytest.skip("a real CuPy is installed: the simulated device is not used")
+    cupy = install_sim()
+    yield cupy
+    uninstall_sim()
+
+
+@pytest.fixture
+def nccl(sim):
+    """The simulated NCCL module, back at its default version after each test."""
+    import importlib
+
+    module = importlib.import_module("cupy.cuda.nccl")
+    version = module.VERSION
+    yield module
+    module.VERSION = version
+
+
+def summed(cupy, dist, group, value):
+    """``value`` all-reduced over ``group`` on the (simulated) GPU, as a float."""
+    x = cupy.asarray(np.full(3, value, np.float32))
+    dist.all_reduce(x, group=group)
+    return float(cupy.asnumpy(x)[0])
+
+
+def made_by(nccl, step):
+    """How many communicators ``step()`` made, by bootstrap and by split."""
+    before = dict(nccl.made)
+    step()
+    return {how: nccl.made[how] - before[how] for how in before}
+
+
+def parts(size):
+    """Two splits of the even and the odd ranks below the last; the last is in none."""
+    return [p for p in ([r for r in range(size - 1) if r % 2 == 0],
+                        [r for r in range(size - 1) if r % 2 == 1]) if p]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_split_group_splits_the_parents_nccl_communicator(dist, sim, nccl, rank, size):
+    """The parent has its NCCL communicator: ``split_group`` makes each part's by
+    ``ncclCommSplit`` (the last rank, in no part, takes part in the split with no
+    color), and the parts' collectives need no bootstrap."""
+    parent = dist.new_group(list(range(size)), backend=GPU)
+    try:
+        assert summed(sim, dist, parent, 1) == size
+        children = {}
+        made = made_by(nccl, lambda: children.setdefault(
+            "mine", dist.split_group(parent, parts(size))))
+        mine = children["mine"]
+        if rank == size - 1:
+            assert mine is None
+            assert made == {"bootstrap": 0, "split": 0}, made
+        else:
+            assert made == {"bootstrap": 0, "split": 1}, made
+            members = next(p for p in parts(size) if rank in p)
+            assert list(mine.ranks) == members
+            total = made_by(nccl, lambda: children.setdefault(
+                "sum", summed(sim, dist, mine, rank + 1)))
+            assert children["sum"] == sum(r + 1 for r in members)
+            assert total == {"bootstrap": 0, "split": 0}, total
+            dist.destroy_process_group(mine)
+        dist.barrier(group=parent)
+    finally:
+        dist.destroy_process_group(parent)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("why", ["NCCL before 2.18", "the parent never used the GPU"])
+def test_without_a_split_the_parts_bootstrap_on_first_use(dist, sim, nccl, rank, size, why):
+    """No split (an NCCL without ``ncclCommSplit``, or a parent without a communicator
+    of its own yet): each part makes its communicator from a unique id, on its first
+    GPU collective, as before."""
+    parent = dist.new_group(list(range(size)), backend=GPU)
+    try:
+        if why == "NCCL before 2.18":
+            nccl.VERSION = 21705
+            assert summed(sim, dist, parent, 1) == size
+        children = {}
+        made = made_by(nccl, lambda: children.setdefault(
+            "mine", dist.split_group(parent, parts(size))))
+        assert made == {"bootstrap": 0, "split": 0}, made
+        mine = children["mine"]
+        if mine is not None:
+            members = list(mine.ranks)
+            made = made_by(nccl, lambda: children.setdefault(
+                "sum", summed(sim, dist, mine, rank + 1)))
+            assert children["sum"] == sum(r + 1 for r in members)
+            assert made == {"bootstrap": 1, "split": 0}, made
+            dist.destroy_process_group(mine)
+        dist.barrier(group=parent)
+    finally:
+        dist.destroy_process_group(parent)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_missing_from_a_split_is_named_on_every_rank_that_came(dist, sim, nccl, rank,
+                                                                     size):
+    """The last rank's NCCL communicator of the parent was aborted, so it does not
+    split: every other rank raises a timeout naming it within the group's timeout,
+    instead of waiting in ncclCommSplit, and the parent's CPU side stays usable."""
+    last = size - 1
+    parent = dist.new_group(list(range(size)), backend=GPU, timeout=1.5)
+    halves = [list(range(size))]
+    try:
+        assert summed(sim, dist, parent, 1) == size
+        if rank == last:
+            parent.communicator("cuda").abort()
+            child = dist.split_group(parent, halves)
+            dist.destroy_process_group(child)
+            text = None
+        else:
+            start = time.monotonic()
+            with pytest.raises(dist.DistTimeoutError) as caught:
+                dist.split_group(parent, halves)
+            assert time.monotonic() - start < 1.5 + 1.5  # the timeout and the verdict's way
+            text = str(caught.value)
+            for needle in (f"hpccomm.split_group on rank {rank}/{size}",
+                           "NCCL communicator creation (a communicator split from the "
+                           "group's, its 1st (ncclCommSplit))",
+                           f"rank {last} of the group (global rank {last}) never came "
+                           f"within 1.5 s"):
+                assert needle in text, (needle, text)
+        texts = [None] * size
+        dist.all_gather_object(texts, text)
+        assert all(t is not None for t in texts[:last]) and texts[last] is None, texts
+        dist.barrier(group=parent)  # the CPU side still works
+    finally:
+        dist.destroy_process_group(parent)
+
+
+def mesh_shape(size):
+    """Powers of two as 2 x 2 x ..., anything else as one dimension."""
+    dims = []
+    while size > 1 and size % 2 == 0:
+        dims.append(2)
+        size //= 2
+    return tuple(dims) if size == 1 and dims else (size * 2 ** len(dims),)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("split", [True, False], ids=["split", "no-split"])
+def test_a_device_mesh_splits_its_communicators_from_the_default_groups(dist, sim, nccl,
+                                                                        rank, size, split):
+    """Once the default group has its NCCL communicator, a mesh of the whole world
+    makes each dimension's by a split (the Cartesian group's first, then one per
+    dimension): no bootstrap. Without split, each dimension bootstraps its own. (A mesh
+    of one dimension is the default group: nothing is made.)"""
+    if not split:
+        nccl.VERSION = 21705
+    assert summed(sim, dist, None, 1) == size  # the default group's communicator
+    shape = mesh_shape(size)
+    names = tuple(f"d{i}" for i in range(len(shape)))
+    sums = {}
+
+    def use_every_dimension():
+        mesh = dist.init_device_mesh("cuda", shape, mesh_dim_names=names)
+        for name in names:
+            sums[name] = summed(sim, dist, mesh.get_group(name), 1)
+    made = made_by(nccl, use_every_dimension)
+    assert all(sums[name] == n for name, n in zip(names, shape)), sums
+    if len(shape) == 1:  # the one dimension is the default group itself
+        expected = {"bootstrap": 0, "split": 0}
+    elif split:
+        expected = {"bootstrap": 0, "split": 1 + len(shape)}
+    else:
+        expected = {"bootstrap": len(shape), "split": 0}
+    assert made == expected, (shape, made)
+
+
+@SIMULATED
+@pytest.mark.parametrize("version", ["22105", "21705"], ids=["split", "no-split"])
+def test_init_with_a_device_makes_the_nccl_communicator_at_once(version):
+    """``init_process_group(device_id=0)`` makes the default group's NCCL communicator
+    (one bootstrap) before it returns, as torch does; a 2 x 2 mesh made after it splits
+    its communicators from it (the Cartesian group's and one per dimension), or, with an
+    NCCL before 2.18, bootstraps one per dimension."""
+    job = run_case("device_mesh_case.py", "gpu_sim", 4, limit=60, SIM_NCCL_VERSION=version)
+    found = dict(result_lines(job.output))
+    assert sorted(found) == [0, 1, 2, 3], job.output
+    for rank, fields in found.items():
+        assert fields["init"] == "1,0", (rank, fields)
+        assert fields["mesh"] == ("1,3" if version == "22105" else "3,0"), (rank, fields)
+        dp = [r for r in range(4) if r % 2 == rank % 2]      # mesh column: ranks r, r+2
+        tp = [r for r in range(4) if r // 2 == rank // 2]    # mesh row: ranks 2i, 2i+1
+        assert fields["sums"] == f"{sum(dp) + 2:g},{sum(tp) + 2:g}", (rank, fields)
+    assert job.code == 0, job.output
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.skipif(GPU_SKIP is not None, reason=str(GPU_SKIP))
+def test_a_group_splits_its_nccl_communicator_on_the_gpu(dist, rank, size):
+    """On a real GPU (``gpu/run_gpu_check.sh``, from 1 rank): the group's NCCL
+    communicator, then a split of it in which each rank is a part of its own; the part
+    has its NCCL communicator before its first collective, and that collective is right."""
+    import cupy
+
+    from hpccomm.backends.cuda import nccl
+
+    if not nccl.can_split(nccl.nccl_module()):
+        pytest.skip(f"this CuPy and NCCL {nccl.version()} cannot split (ncclCommSplit needs "
+                    f"NCCL 2.18 and CuPy 14)")
+    parent = dist.new_group(list(range(size)), backend=GPU)
+    try:
+        x = cupy.ones(3, dtype=cupy.float32)
+        dist.all_reduce(x, group=parent)
+        assert float(x[0]) == size
+        child = dist.split_group(parent, [[r] for r in range(size)])
+        assert child.communicator("cuda").splittable()  # made by the split, not used yet
+        y = cupy.full(3, rank + 1.0, dtype=cupy.float32)
+        dist.all_reduce(y, group=child)
+        assert float(y[0]) == rank + 1
+        dist.destroy_process_group(child)
+    finally:
+        dist.destroy_process_group(parent)
