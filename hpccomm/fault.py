@@ -152,6 +152,8 @@ def _revoked(comm: Any) -> bool:
 def _replace(pg: ProcessGroup, comm: Any, failed: bool) -> ProcessGroup:
     """The group of ``comm`` in place of ``pg`` (the default group if ``pg`` is it)."""
     backend, desc = pg.backend_string(), f"{pg.group_desc}:shrunk"
+    if failed:  # its GPU communicators hold the dead: abort them, never wait for them
+        pg.abort_devices()
     if pg is registry.world:
         from .init import replace_default_group
 

@@ -128,6 +128,15 @@ class ProcessGroup:
                 if device == "cuda":
                     child.stream_run = getattr(made, "stream_run", None)
 
+    def abort_devices(self) -> None:
+        """Abort the device communicators whose abort is local (NCCL's ``ncclCommAbort``
+        waits for nobody), as after a member failed, when destroying them could wait for
+        the dead. The group's next device call finds them aborted; a group made anew
+        (``shrink_group``) makes its own."""
+        for communicator in list(self._communicators.values()):
+            if getattr(communicator, "aborts_locally", False):
+                communicator.abort()
+
     def set_timeout(self, seconds: Optional[float]) -> None:
         """The timeout of the group's operations from now on, in its backends too."""
         self.timeout = seconds

@@ -322,6 +322,8 @@ def replace_default_group(comm: Any, desc: str, failed: bool) -> ProcessGroup:
     old = registry.world
     for pg in reversed(list(registry.groups.values())):
         if pg is not old:
+            if failed:  # its GPU communicators may hold the dead: never wait for them
+                pg.abort_devices()
             destroy(pg)
     store = registry.store
     if type(store).__name__ in ("MPIStore", "JobTCPStore"):  # a store over the old world

@@ -131,6 +131,20 @@ def test_survivors_name_the_dead_rank_shrink_agree_and_go_on(n):
     assert code == 0, output
 
 
+def test_gpu_survivors_abort_the_old_nccl_communicator_and_go_on():
+    """The simulated GPU: after the shrink the survivors' GPU collective works on a
+    communicator of their own, and the old one, which holds the dead, was aborted."""
+    _needs_ulfm()
+    code, output, _ = run_case("gpu_survive", 3, launcher_args=ULFM, CASE_TIMEOUT=10)
+    found = results(output)
+    assert sorted(r for r in found if "gpu_sum" in found[r]) == [0, 2], output
+    for rank in (0, 2):
+        assert found[rank]["aborted"] == "True", found[rank]
+        assert found[rank]["gpu_sum"] == "2", found[rank]
+        assert found[rank]["bootstraps"] == "1", found[rank]
+    assert code == 0, output
+
+
 def test_agreements_are_right_beside_threads_that_poll_mpi():
     _needs_ulfm()
     code, output, _ = run_case("agree_beside_a_thread", 3, launcher_args=ULFM, CASE_TIMEOUT=30)

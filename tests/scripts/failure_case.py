@@ -134,6 +134,38 @@ def survive():
         say(rank, "event=excluded")
 
 
+def gpu_survive():
+    """ULFM with the simulated GPU: the default group has its NCCL communicator when the
+    victim dies; the survivors shrink, which aborts the old NCCL communicators (never
+    waiting for the dead), and their next GPU collective makes the survivors' own."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "gpu_sim"))
+    import cupy
+    from cupy.cuda import nccl
+
+    dist, rank, _ = plain()
+    size = dist.get_world_size()
+    g = cupy.asarray(np.ones(4, np.float32))
+    dist.all_reduce(g)
+    old = list(dist.group.WORLD.communicator("cuda")._created)
+    x = np.ones(16)
+    try:
+        for step in range(1 << 30):
+            if rank == VICTIM and step == 20:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(x)
+            x[:] = 1
+    except dist.ProcessFailedError as exc:
+        say(rank, f"failed={exc.failed_ranks}")
+    made = nccl.made["bootstrap"]
+    dist.shrink_group()
+    y = cupy.asarray(np.full(2, float(rank), np.float32))
+    dist.all_reduce(y)
+    say(rank, f"aborted={all(m.aborted for m in old)}", f"gpu_sum={float(y[0]):g}",
+        f"bootstraps={nccl.made['bootstrap'] - made}")
+    dist.destroy_process_group()
+
+
 def survive_p2p():
     """ULFM: rank 0 waits to receive from the victim, which dies; the others wait in a
     barrier. Rank 0's recv names the victim and revokes the group: the others raise too."""
@@ -233,6 +265,7 @@ CASES = {
     "exit": lambda: dies("exit"),
     "survive": survive,
     "survive_p2p": survive_p2p,
+    "gpu_survive": gpu_survive,
     "torch_survive": torch_survive,
     "agree_beside_a_thread": agree_beside_a_thread,
 }

@@ -100,6 +100,8 @@ class NCCLCommunicator(Communicator):
     """One group's NCCL communicator(s), driven on an internal CUDA stream."""
 
     name = "nccl"
+    #: :meth:`abort` waits for no other rank (``ncclCommAbort``).
+    aborts_locally = True
 
     def __init__(self, comm: Any, timeout: Optional[float] = None):
         if not available():
