@@ -160,6 +160,7 @@ def test_info_reports_the_cuda_nccl_and_cupy_it_loaded():
         pytest.skip("a real CuPy shadows the simulated one")
     assert gpu["cupy"].startswith("0.0-simulated")
     assert gpu["NCCL"] == "2.21.5"  # the simulation's get_version() 22105
+    assert gpu["NCCL split"].startswith("yes: groups split from their parent's"), gpu
     assert "CUDA runtime" in gpu and "CUDA driver" in gpu
     assert gpu["NCCL library"].startswith(("no NCCL wheel", "from the wheel", "already"))
     assert gpu["GPUs"] == ["0: simulated, 1.0 GiB"]

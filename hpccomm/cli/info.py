@@ -200,6 +200,11 @@ def gpu_section() -> Section:
         from ..backends.cuda import nccl as nccl_backend
 
         section["NCCL"] = ".".join(map(str, nccl_backend.version()))
+        section["NCCL split"] = (
+            "yes: groups split from their parent's communicator (ncclCommSplit)"
+            if nccl_backend.can_split(nccl_backend.nccl_module()) else
+            "no: every group bootstraps its own communicator (splitting needs NCCL 2.18 "
+            "and CuPy 14)")
     except Exception as exc:
         section["NCCL"] = f"not available ({type(exc).__name__}: {exc})"
     section["NCCL library"] = nccl_lib.status()
