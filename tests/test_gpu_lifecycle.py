@@ -54,6 +54,23 @@ def made_by(nccl, step):
     return {how: nccl.made[how] - before[how] for how in before}
 
 
+def split_and_use(dist, sim, nccl, parent, rank):
+    """``split_group(parent, parts(...))``, then one GPU all_reduce on this rank's part
+    (checked): ``(part or None, communicators the split made, those the all_reduce
+    made or None)``. The parent is the whole world: its group ranks are global ranks."""
+    out = {}
+    at_split = made_by(nccl, lambda: out.setdefault(
+        "part", dist.split_group(parent, parts(parent.size()))))
+    part, at_use = out["part"], None
+    if part is not None:
+        at_use = made_by(nccl, lambda: out.setdefault("sum",
+                                                      summed(sim, dist, part, rank + 1)))
+        assert out["sum"] == sum(r + 1 for r in part.ranks), (out, part)
+        dist.destroy_process_group(part)
+    dist.barrier(group=parent)
+    return part, at_split, at_use
+
+
 def parts(size):
     """Two splits of the even and the odd ranks below the last; the last is in none."""
     return [p for p in ([r for r in range(size - 1) if r % 2 == 0],
@@ -68,23 +85,13 @@ def test_split_group_splits_the_parents_nccl_communicator(dist, sim, nccl, rank,
     parent = dist.new_group(list(range(size)), backend=GPU)
     try:
         assert summed(sim, dist, parent, 1) == size
-        children = {}
-        made = made_by(nccl, lambda: children.setdefault(
-            "mine", dist.split_group(parent, parts(size))))
-        mine = children["mine"]
+        part, at_split, at_use = split_and_use(dist, sim, nccl, parent, rank)
         if rank == size - 1:
-            assert mine is None
-            assert made == {"bootstrap": 0, "split": 0}, made
+            assert part is None and at_split == {"bootstrap": 0, "split": 0}, at_split
         else:
-            assert made == {"bootstrap": 0, "split": 1}, made
-            members = next(p for p in parts(size) if rank in p)
-            assert list(mine.ranks) == members
-            total = made_by(nccl, lambda: children.setdefault(
-                "sum", summed(sim, dist, mine, rank + 1)))
-            assert children["sum"] == sum(r + 1 for r in members)
-            assert total == {"bootstrap": 0, "split": 0}, total
-            dist.destroy_process_group(mine)
-        dist.barrier(group=parent)
+            assert list(part.ranks) == next(p for p in parts(size) if rank in p)
+            assert at_split == {"bootstrap": 0, "split": 1}, at_split
+            assert at_use == {"bootstrap": 0, "split": 0}, at_use
     finally:
         dist.destroy_process_group(parent)
 
@@ -100,19 +107,11 @@ def test_without_a_split_the_parts_bootstrap_on_first_use(dist, sim, nccl, rank,
         if why == "NCCL before 2.18":
             nccl.VERSION = 21705
             assert summed(sim, dist, parent, 1) == size
-        children = {}
-        made = made_by(nccl, lambda: children.setdefault(
-            "mine", dist.split_group(parent, parts(size))))
-        assert made == {"bootstrap": 0, "split": 0}, made
-        mine = children["mine"]
-        if mine is not None:
-            members = list(mine.ranks)
-            made = made_by(nccl, lambda: children.setdefault(
-                "sum", summed(sim, dist, mine, rank + 1)))
-            assert children["sum"] == sum(r + 1 for r in members)
-            assert made == {"bootstrap": 1, "split": 0}, made
-            dist.destroy_process_group(mine)
-        dist.barrier(group=parent)
+        part, at_split, at_use = split_and_use(dist, sim, nccl, parent, rank)
+        assert at_split == {"bootstrap": 0, "split": 0}, at_split
+        assert (part is None) == (rank == size - 1)
+        if part is not None:
+            assert at_use == {"bootstrap": 1, "split": 0}, at_use
     finally:
         dist.destroy_process_group(parent)
 

@@ -97,6 +97,14 @@ def dies(how):
         x[:] = 1
 
 
+def until_the_victim_dies(rank, at, step):
+    """``step()`` in a loop, until it raises; the victim dies (SIGKILL) at loop ``at``."""
+    for count in range(1 << 30):
+        if rank == VICTIM and count == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        step()
+
+
 def survive():
     """ULFM: the victim dies in a loop of all_reduces; the survivors must each raise
     ProcessFailedError naming it, shrink, agree and go on (planned exclusion too)."""
@@ -150,11 +158,7 @@ def gpu_survive():
     old = list(dist.group.WORLD.communicator("cuda")._created)
     x = np.ones(16)
     try:
-        for step in range(1 << 30):
-            if rank == VICTIM and step == 20:
-                os.kill(os.getpid(), signal.SIGKILL)
-            dist.all_reduce(x)
-            x[:] = 1
+        until_the_victim_dies(rank, 20, lambda: dist.all_reduce(x))
     except dist.ProcessFailedError as exc:
         say(rank, f"failed={exc.failed_ranks}")
     made = nccl.made["bootstrap"]
@@ -234,11 +238,7 @@ def torch_survive():
     size = tdist.get_world_size()
     x = torch.ones(256)
     try:
-        for step in range(1 << 30):
-            if rank == VICTIM and step == 10:
-                os.kill(os.getpid(), signal.SIGKILL)
-            tdist.all_reduce(x)
-            x.fill_(1)
+        until_the_victim_dies(rank, 10, lambda: tdist.all_reduce(x))
     except tdist.DistBackendError as exc:
         assert isinstance(exc, ht.ProcessFailedError), type(exc)
         say(rank, f"failed={exc.failed_ranks}", f"type={type(exc).__name__}")
