@@ -171,7 +171,6 @@ def test_a_device_mesh_splits_its_communicators_from_the_default_groups(dist, si
     of one dimension is the default group: nothing is made.)"""
     if not split:
         nccl.VERSION = 21705
-    assert summed(sim, dist, None, 1) == size  # the default group's communicator
     shape = mesh_shape(size)
     names = tuple(f"d{i}" for i in range(len(shape)))
     sums = {}
@@ -180,7 +179,11 @@ def test_a_device_mesh_splits_its_communicators_from_the_default_groups(dist, si
         mesh = dist.init_device_mesh("cuda", shape, mesh_dim_names=names)
         for name in names:
             sums[name] = summed(sim, dist, mesh.get_group(name), 1)
-    made = made_by(nccl, use_every_dimension)
+    try:
+        assert summed(sim, dist, None, 1) == size  # the default group's communicator
+        made = made_by(nccl, use_every_dimension)
+    finally:  # no later test may meet the simulated NCCL in the default group
+        dist.destroy_process_group()
     assert all(sums[name] == n for name, n in zip(names, shape)), sums
     if len(shape) == 1:  # the one dimension is the default group itself
         expected = {"bootstrap": 0, "split": 0}
@@ -226,14 +229,14 @@ def test_a_group_splits_its_nccl_communicator_on_the_gpu(dist, rank, size):
                     f"NCCL 2.18 and CuPy 14)")
     parent = dist.new_group(list(range(size)), backend=GPU)
     try:
-        x = cupy.ones(3, dtype=cupy.float32)
+        x = cupy.asarray(np.ones(3, np.float32))
         dist.all_reduce(x, group=parent)
-        assert float(x[0]) == size
+        assert cupy.asnumpy(x)[0] == size
         child = dist.split_group(parent, [[r] for r in range(size)])
         assert child.communicator("cuda").splittable()  # made by the split, not used yet
-        y = cupy.full(3, rank + 1.0, dtype=cupy.float32)
+        y = cupy.asarray(np.full(3, rank + 1.0, np.float32))
         dist.all_reduce(y, group=child)
-        assert float(y[0]) == rank + 1
+        assert cupy.asnumpy(y)[0] == rank + 1
         dist.destroy_process_group(child)
     finally:
         dist.destroy_process_group(parent)
