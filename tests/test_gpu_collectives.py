@@ -56,10 +56,17 @@ def _reset_backend_caches():
     _cuda.binding.device = None
 
 
+#: Whether :func:`install_sim` put the simulation on the path (and so takes it off): not
+#: when it was there already, as when ``gpu/run_gpu_check.sh --offline`` runs these tests
+#: with the simulation standing in for a real CuPy.
+_installed = []
+
+
 def install_sim():
     """Put the simulated CuPy on the path (once per module)."""
     if SIM_PATH not in sys.path:
         sys.path.insert(0, SIM_PATH)
+        _installed.append(SIM_PATH)
         _reset_backend_caches()
     import cupy
 
@@ -68,7 +75,8 @@ def install_sim():
 
 
 def uninstall_sim():
-    if SIM_PATH in sys.path:
+    if _installed:
+        _installed.clear()
         sys.path.remove(SIM_PATH)
         for name in [n for n in sys.modules if n == "cupy" or n.startswith("cupy.")]:
             del sys.modules[name]

@@ -7,10 +7,11 @@ init       DeviceMesh initializes the default group when nothing did (torch's ru
 nonmember  A mesh over half the world: ranks outside it get NON_GROUP_MEMBER, -1 and
            None without communicating, members communicate on its groups, and the
            whole world then meets in a barrier (nothing hangs). Timeouts are short.
-gpu_sim    On the simulated GPU (tests/gpu_sim), 4 ranks: init_process_group with a
-           device_id makes the default group's NCCL communicator at once; a 2 x 2 mesh
-           then all-reduces on each dimension. Reports the NCCL communicators made by
-           bootstrap and by split after init (``init=``) and after the mesh (``mesh=``).
+gpu_sim    On the simulated GPU (tests/gpu_sim), 2**k ranks: init_process_group with a
+           device_id makes the default group's NCCL communicator at once; a 2 x ... x 2
+           mesh then all-reduces rank + 1 on each dimension (``sums=``). Reports the
+           NCCL communicators made by bootstrap and by split after init (``init=``) and
+           after the mesh (``mesh=``).
 """
 import os
 import sys
@@ -68,9 +69,11 @@ def case_gpu_sim() -> None:
         return f"{nccl.made['bootstrap']},{nccl.made['split']}"
     dist.init_process_group(backend="cpu:mpi,cuda:nccl", device_id=0, timeout=30)
     after_init = made()
-    mesh = dist.init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+    dims = dist.get_world_size().bit_length() - 1
+    names = tuple(f"d{i}" for i in range(dims))
+    mesh = dist.init_device_mesh("cuda", (2,) * dims, mesh_dim_names=names)
     sums = []
-    for name in ("dp", "tp"):
+    for name in names:
         x = cupy.asarray(np.full(2, dist.get_rank() + 1.0, np.float32))
         dist.all_reduce(x, group=mesh.get_group(name))
         sums.append(f"{float(x[0]):g}")
