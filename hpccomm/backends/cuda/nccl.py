@@ -182,7 +182,7 @@ class NCCLCommunicator(Communicator):
               timeout: Optional[float]) -> Optional["NCCLCommunicator"]:
         """The NCCL communicator of ``child`` (an MPI communicator made of some of this
         group's ranks, just split from the group's), made with ``ncclCommSplit`` from
-        this group's: no unique id, no bootstrap, resources shared with the parent.
+        this group's: no unique id, no root, the parent's bootstrap network reused.
 
         Collective over this group: every rank calls it right after the MPI split (a
         rank in no part passes ``None`` and gets ``None``), when :meth:`splittable`.
