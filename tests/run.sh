@@ -115,7 +115,7 @@ DEEPSPEED="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[dee
 #: MPI tests that also run at 8 ranks, and those that run with the sanitized helpers
 EIGHT="tests/test_differential.py tests/test_stress.py tests/test_collectives.py
        tests/test_groups.py tests/test_shm.py tests/test_shm_small.py tests/test_shm_plan.py
-       tests/test_shm_handoff.py tests/test_gpu_lifecycle.py"
+       tests/test_shm_handoff.py"
 SANITIZED="tests/test_shm.py tests/test_shm_small.py tests/test_shm_kernel.py
            tests/test_shm_hier.py tests/test_mpi_direct.py tests/test_differential.py
            tests/test_stress.py tests/test_shm_handoff.py"
