@@ -99,6 +99,10 @@ class ProcessGroup:
         except Exception as exc:
             raise DistBackendError(f"rank {self._rank} of group '{self.group_name}': "
                                    f"cannot start backend '{name}' for {device}: {exc}") from exc
+        return self._keep(device, made)
+
+    def _keep(self, device: str, made: Any) -> Any:
+        """Keep ``made`` as this group's communicator for ``device`` arrays."""
         self._communicators[device] = made
         if device == "cuda":
             self.stream_run = getattr(made, "stream_run", None)
@@ -124,9 +128,7 @@ class ProcessGroup:
             except Undescribed as exc:
                 raise described(self.at(op), exc) from None
             if child is not None and made is not None:
-                child._communicators[device] = made
-                if device == "cuda":
-                    child.stream_run = getattr(made, "stream_run", None)
+                child._keep(device, made)
 
     def abort_devices(self) -> None:
         """Abort the device communicators whose abort is local (NCCL's ``ncclCommAbort``
