@@ -63,12 +63,13 @@ class NeverCame(DistTimeoutError, Undescribed):
     names the operation and the group."""
 
 
-def described(where: str, exc: Undescribed) -> DistError:
+def described(where: str, exc: Undescribed, advice: str = "") -> DistError:
     """``exc`` as the user sees it, after ``where`` (``hpccomm.all_reduce on rank 0/4 of
-    group 'WORLD'``), as its public class (:class:`DistDesyncError` for
-    :class:`CallsDiffer`, :class:`DistTimeoutError` for :class:`NeverCame`)."""
+    group 'WORLD'``) and before ``advice`` (a sentence, or nothing), as its public class
+    (:class:`DistDesyncError` for :class:`CallsDiffer`, :class:`DistTimeoutError` for
+    :class:`NeverCame`)."""
     public = type(exc).__bases__[0]
-    error = public(f"{where}: {exc}")
+    error = public(f"{where}: {exc}" + (f". {advice}" if advice else ""))
     error.__cause__ = None
     return error
 

@@ -109,7 +109,7 @@ class ProcessGroup:
         return made
 
     def split_devices(self, child: Optional["ProcessGroup"], backends: Dict[str, str],
-                      timeout: Optional[float], op: str) -> None:
+                      timeout: Optional[float], op: str, advice: str = "") -> None:
         """Give ``child`` (made by splitting this group's MPI communicator; ``None`` on a
         rank in no part) device communicators split from this group's, where a backend
         splits its own (NCCL's ``ncclCommSplit``: no new bootstrap); the others are made
@@ -117,7 +117,8 @@ class ProcessGroup:
 
         Collective over this group: every rank calls it right after the MPI split. Only
         a device communicator this group already made and can split takes part (the
-        NCCL one exists on every rank once any GPU collective of the group ran)."""
+        NCCL one exists on every rank once any GPU collective of the group ran). A rank
+        that does not come is named in the error of every rank that did, then ``advice``."""
         for device, source in list(self._communicators.items()):
             if (backends.get(device) != self.backend_names.get(device)
                     or not getattr(source, "splittable", lambda: False)()):
@@ -126,7 +127,7 @@ class ProcessGroup:
                 made = source.split(child.comm if child is not None else None,
                                     child.timeout if child is not None else timeout)
             except Undescribed as exc:
-                raise described(self.at(op), exc) from None
+                raise described(self.at(op), exc, advice) from None
             if child is not None and made is not None:
                 child._keep(device, made)
 
@@ -481,16 +482,29 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None, backen
     """Create a group of the given global ranks; non-members get ``NON_GROUP_MEMBER``
     (``None`` with ``use_local_synchronization=True``, as torch returns there).
 
-    Only members communicate (``MPI_Comm_create_group``), whatever
-    ``use_local_synchronization`` says, so non-members may call it or not.
+    Only members make the MPI communicator (``MPI_Comm_create_group``). When the
+    default group is bound to a device (``init_process_group(device_id=...)``) and
+    ``use_local_synchronization`` is False, the new group's device communicators are
+    split from the default group's (NCCL's ``ncclCommSplit``) as torch splits them, so
+    every rank of the job must call it, non-members too (they join the split with no
+    color), as torch requires; a rank that does not come is named on the others within
+    the timeout. Otherwise non-members may call it or not.
     ``sort_ranks=False`` keeps the given order as the group-rank order.
     """
     world = resolve(None, "new_group")
     members = list(range(world.size())) if ranks is None else _check_ranks(ranks, "new_group")
     if sort_ranks:
         members.sort()
+    # torch splits from the default group when it is bound to a device (every rank of
+    # the job calls new_group then); with local synchronization non-members may not come
+    source = world if world.bound_device_id is not None and not use_local_synchronization \
+        else None
+    backends = backend_map(backend, "new_group")
     if world.rank() not in members:
         registry.unique_name(members)  # keep name counts aligned with members' view
+        if source is not None:
+            source.split_devices(None, backends, timeout_seconds(timeout, registry.timeout),
+                                 "new_group", _SPLIT_ADVICE)
         return None if use_local_synchronization else NON_GROUP_MEMBER
     name = registry.unique_name(members)
     tag = (hash(tuple(members)) & 0x3FFF) + 1
@@ -502,7 +516,16 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None, backen
     pg = _make_group(comm, name, timeout, backend, group_desc, "new_group")
     if device_id is not None:
         pg.bound_device_id = device_id
+    if source is not None:
+        source.split_devices(pg, backends, pg.timeout, "new_group", _SPLIT_ADVICE)
     return pg
+
+
+#: What a rank that waited for others in ``new_group``'s split is told to check.
+_SPLIT_ADVICE = ("The default group is bound to a device, so new_group splits its NCCL "
+                 "communicator, as torch does: every rank of the job calls new_group, "
+                 "members or not, in the same order (use_local_synchronization=True "
+                 "makes a group that only its members call, without a split)")
 
 
 def split_group(parent_pg: GroupLike = None, split_ranks: Optional[List[List[int]]] = None,

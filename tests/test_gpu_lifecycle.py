@@ -1,6 +1,7 @@
 """The NCCL communicators' life cycle on the simulated device: split from the parent,
-the bootstrap fallback, a rank missing from a split, a DeviceMesh's communicators (a
-job of its own: it makes the default group's, which no later test may meet).
+the bootstrap fallback, a rank missing from a split, a DeviceMesh's and new_group's
+communicators after init with a device (jobs of their own: they make the default
+group's, which no later test may meet).
 
 Each test runs through the real backend code with ``tests/gpu_sim`` standing in for
 CuPy and NCCL (see ``tests/test_gpu_collectives.py``), whose ``cupy.cuda.nccl.made``
@@ -164,12 +165,43 @@ def test_init_with_a_device_makes_the_nccl_communicators_of_a_mesh_by_split(vers
     job = run_case("device_mesh_case.py", "gpu_sim", 8, limit=90, SIM_NCCL_VERSION=version)
     found = dict(result_lines(job.output))
     assert sorted(found) == list(range(8)), job.output
+    split = version == "22105"
     for rank, fields in found.items():
         assert fields["init"] == "1,0", (rank, fields)
-        assert fields["mesh"] == ("1,4" if version == "22105" else "4,0"), (rank, fields)
+        assert fields["mesh"] == ("1,4" if split else "4,0"), (rank, fields)
         # dimension d of the row-major 2 x 2 x 2 mesh pairs rank r with r ^ (4 >> d)
         sums = ",".join(f"{(rank + 1) + (rank ^ (4 >> d)) + 1:g}" for d in range(3))
         assert fields["sums"] == sums, (rank, fields)
+        # new_group(ranks 0-3), called by every rank: its members split (the others join
+        # the split with no color, which makes nothing), or bootstrap on first use
+        member = rank < 4
+        assert fields["group"] == {(True, True): "1,5", (True, False): "1,4",
+                                   (False, True): "5,0", (False, False): "4,0"}[
+                                       split, member], (rank, fields)
+        assert fields["half"] == ("10" if member else "-"), (rank, fields)
+    assert job.code == 0, job.output
+
+
+@SIMULATED
+def test_a_rank_missing_from_new_groups_split_is_named_and_local_groups_do_not_split():
+    """3 ranks, the default group bound to a device: rank 2 never calls new_group([0, 1]),
+    so ranks 0 and 1 wait for it in the split meeting and raise a timeout naming it
+    within the 1.5 s given, with what to do; nothing is made and the job goes on. A
+    group made with ``use_local_synchronization=True``, by its members only, makes its
+    communicator by a bootstrap on first use."""
+    job = run_case("device_mesh_case.py", "gpu_sim_absent", 3, limit=60)
+    found = dict(result_lines(job.output))
+    assert sorted(found) == [0, 1, 2], job.output
+    for rank in (0, 1):
+        fields = found[rank]
+        assert fields["made"] == "1,0" and fields["local"] == "2,0", (rank, fields)
+        assert fields["sum"] == "3", (rank, fields)
+        for needle in (f"DistTimeoutError: hpccomm.new_group on rank {rank}/3 of group "
+                       f"'WORLD'", "(ncclCommSplit)): rank 2 of the group (global rank 2) "
+                       "never came within 1.5 s", "every rank of the job calls new_group",
+                       "use_local_synchronization=True"):
+            assert needle in fields["error"], (needle, fields)
+    assert found[2] == {"made": "1,0", "local": "1,0", "sum": "-", "error": "-"}, found[2]
     assert job.code == 0, job.output
 
 

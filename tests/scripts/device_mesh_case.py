@@ -1,6 +1,6 @@
 """DeviceMesh cases that need a fresh process state, each its own MPI job.
 
-Usage: mpiexec -n N python device_mesh_case.py init|nonmember
+Usage: mpiexec -n N python device_mesh_case.py init|nonmember|gpu_sim|gpu_sim_absent
 Prints one ``RESULT ...`` line per rank.
 
 init       DeviceMesh initializes the default group when nothing did (torch's rule).
@@ -11,7 +11,14 @@ gpu_sim    On the simulated GPU (tests/gpu_sim), 2**k ranks: init_process_group 
            device_id makes the default group's NCCL communicator at once; a 2 x ... x 2
            mesh then all-reduces rank + 1 on each dimension (``sums=``). Reports the
            NCCL communicators made by bootstrap and by split after init (``init=``) and
-           after the mesh (``mesh=``).
+           after the mesh (``mesh=``); then every rank calls new_group for the lower
+           half, which all-reduces rank + 1 on it (``half=``), and reports the counts
+           after that collective (``group=``).
+gpu_sim_absent  As gpu_sim, 3 ranks: rank 2 never calls new_group([0, 1]) (1.5 s), so
+           the split it would join never happens; ranks 0 and 1 report the error
+           (``error=``) and the counts (``made=``), then all meet in a CPU barrier.
+           Then only ranks 0 and 1 call new_group([0, 1], use_local_synchronization=True)
+           and all-reduce rank + 1 on it (``sum=``; counts after: ``local=``).
 """
 import os
 import sys
@@ -59,7 +66,9 @@ def case_nonmember() -> None:
     dist.destroy_process_group()
 
 
-def case_gpu_sim() -> None:
+def simulated_nccl():
+    """``(cupy, made)``: the simulated CuPy, and a function giving the NCCL communicators
+    made so far as ``"bootstraps,splits"``; the default group is bound to device 0."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))), "gpu_sim"))
     import cupy
@@ -68,6 +77,11 @@ def case_gpu_sim() -> None:
     def made() -> str:
         return f"{nccl.made['bootstrap']},{nccl.made['split']}"
     dist.init_process_group(backend="cpu:mpi,cuda:nccl", device_id=0, timeout=30)
+    return cupy, made
+
+
+def case_gpu_sim() -> None:
+    cupy, made = simulated_nccl()
     after_init = made()
     dims = dist.get_world_size().bit_length() - 1
     names = tuple(f"d{i}" for i in range(dims))
@@ -77,10 +91,39 @@ def case_gpu_sim() -> None:
         x = cupy.asarray(np.full(2, dist.get_rank() + 1.0, np.float32))
         dist.all_reduce(x, group=mesh.get_group(name))
         sums.append(f"{float(x[0]):g}")
-    report(f"RESULT rank={dist.get_rank()} init={after_init} mesh={made()} "
-           f"sums={','.join(sums)}")
+    after_mesh = made()
+    rank, half = dist.get_rank(), list(range(dist.get_world_size() // 2))
+    group = dist.new_group(half)
+    total = "-"
+    if rank in half:
+        x = cupy.asarray(np.full(2, rank + 1.0, np.float32))
+        dist.all_reduce(x, group=group)
+        total = f"{float(x[0]):g}"
+    report(f"RESULT rank={rank} init={after_init} mesh={after_mesh} "
+           f"sums={','.join(sums)} group={made()} half={total}")
+    dist.destroy_process_group()
+
+
+def case_gpu_sim_absent() -> None:
+    cupy, made = simulated_nccl()
+    rank, error = dist.get_rank(), "-"
+    if rank < 2:
+        try:
+            dist.new_group([0, 1], timeout=1.5)
+        except dist.DistError as exc:
+            error = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    dist.barrier()
+    after, total = made(), "-"
+    if rank < 2:  # only members call it: no split, a bootstrap on first use
+        group = dist.new_group([0, 1], use_local_synchronization=True)
+        x = cupy.asarray(np.full(2, rank + 1.0, np.float32))
+        dist.all_reduce(x, group=group)
+        total = f"{float(x[0]):g}"
+    dist.barrier()
+    report(f"RESULT rank={rank} made={after} local={made()} sum={total} error={error}")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    {"init": case_init, "nonmember": case_nonmember, "gpu_sim": case_gpu_sim}[sys.argv[1]]()
+    {"init": case_init, "nonmember": case_nonmember, "gpu_sim": case_gpu_sim,
+     "gpu_sim_absent": case_gpu_sim_absent}[sys.argv[1]]()
