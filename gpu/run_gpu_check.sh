@@ -19,7 +19,8 @@
 #    world size 1 and at the number of GPUs;
 # 5. runs gpu/capture_check.py (collectives captured in a CUDA graph, replayed, checked) at
 #    world size 1 and at the number of GPUs, and benchmarks/studies/gpu_call_cost.py (CPU
-#    time per synchronous call, hpccomm vs raw NCCL) at world size 1;
+#    time per synchronous call, hpccomm vs raw NCCL) and benchmarks/studies/nccl_bindings.py
+#    (one ncclAllReduce through CuPy, nccl4py and ctypes; informative) at world size 1;
 # 6. writes everything to gpu/results/<host>-<UTC time>/ and a summary.md there.
 #
 # NCCL is found as users get it: hpccomm loads the NCCL wheel's library itself, so
@@ -78,6 +79,9 @@ elif [[ "${SKIP_INSTALL:-0}" != "1" ]]; then
         >>"$OUT/install.log" 2>&1 || { log "installing wheels failed (see install.log)"; exit 2; }
     python -m pip install -q -e "$ROOT[$EXTRA]" >>"$OUT/install.log" 2>&1 \
         || { log "installing hpccomm[$EXTRA] from $ROOT failed (see install.log)"; exit 2; }
+    # NVIDIA's NCCL binding, only for the bindings study of step 5 (optional)
+    python -m pip install -q nccl4py >>"$OUT/install.log" 2>&1 \
+        || log "nccl4py not installed: the bindings study compares CuPy and ctypes only"
 else
     # shellcheck disable=SC1091
     source "$VENV/bin/activate"
@@ -160,6 +164,12 @@ LDP="${LD_LIBRARY_PATH:-}"
 LD_LIBRARY_PATH="$LDP" timeout 600 "$MPIEXEC" -n 1 "$PY" benchmarks/studies/gpu_call_cost.py \
     --json "$OUT/call-cost-n1.json" >"$OUT/call-cost-n1.log" 2>&1 || STATUS=1
 grep -E '^\||^#' "$OUT/call-cost-n1.log" >>"$SUMMARY"
+echo -e "\n## One ncclAllReduce through each NCCL binding (nccl_bindings.py, 1 rank)\n" >>"$SUMMARY"
+log "NCCL bindings study at 1 rank (informative: not part of the status)"
+LD_LIBRARY_PATH="$LDP" BENCH_RESULTS="$OUT" timeout 300 "$PY" \
+    benchmarks/studies/nccl_bindings.py >"$OUT/nccl-bindings.log" 2>&1 \
+    || log "the bindings study failed (see nccl-bindings.log)"
+grep -E '^\||^#' "$OUT/nccl-bindings.log" >>"$SUMMARY"
 
 log "done: status $STATUS; results in $OUT"
 echo -e "\nOverall status: $STATUS (0 = all GPU tests passed, none skipped, benchmark checks held)" >>"$SUMMARY"
