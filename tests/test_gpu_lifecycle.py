@@ -179,6 +179,15 @@ def test_init_with_a_device_makes_the_nccl_communicators_of_a_mesh_by_split(vers
                                    (False, True): "5,0", (False, False): "4,0"}[
                                        split, member], (rank, fields)
         assert fields["half"] == ("10" if member else "-"), (rank, fields)
+        # a 2 x 4 mesh of the ranks in reverse order: its Cartesian group and dimension
+        # 1 split (rows [7, 6, 5, 4] and [3, 2, 1, 0], NCCL ranks in the mesh's order:
+        # the broadcast from the row's group rank 0 gives its first rank + 1)
+        before = [int(c) for c in fields["group"].split(",")]
+        after = [int(c) for c in fields["backwards"].split(",")]
+        assert [a - b for a, b in zip(after, before)] == ([0, 2] if split else [1, 0]), \
+            (rank, fields)
+        assert fields["row"] == ("26" if rank >= 4 else "10"), (rank, fields)
+        assert fields["first"] == ("8" if rank >= 4 else "4"), (rank, fields)
     assert job.code == 0, job.output
 
 

@@ -10,8 +10,9 @@ is preceded by a meeting under the group timeout, so a missing rank is a
 ``DistTimeoutError``, never a hang. Groups are cached by (layout, backend).
 
 Device communicators follow the same tree where their backend can split (NCCL): the
-Cartesian group's is split from the default group's when the mesh is the whole world
-in order, each dimension's from the Cartesian group's, so a mesh whose parent already
+Cartesian group's is split from the default group's when the mesh holds every rank of
+the world (in any order: the split keeps the mesh's), each dimension's from the
+Cartesian group's, so a mesh whose parent already
 has its NCCL communicator makes no new NCCL bootstrap
 (:meth:`~hpccomm.group.ProcessGroup.split_devices`).
 """
@@ -159,7 +160,7 @@ class MeshGroups:
                               f"{exc}") from exc
         self.cart = from_communicator(comm, registry.unique_name(members, prefix="mesh"),
                                       desc="mesh")
-        if members == list(range(world.size())):  # every rank of the world is here
+        if sorted(members) == list(range(world.size())):  # every rank of the world is here
             world.split_devices(self.cart, self.cart.backend_names, self.cart.timeout, what)
         return self.cart
 

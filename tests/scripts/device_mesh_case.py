@@ -13,7 +13,9 @@ gpu_sim    On the simulated GPU (tests/gpu_sim), 2**k ranks: init_process_group 
            NCCL communicators made by bootstrap and by split after init (``init=``) and
            after the mesh (``mesh=``); then every rank calls new_group for the lower
            half, which all-reduces rank + 1 on it (``half=``), and reports the counts
-           after that collective (``group=``).
+           after that collective (``group=``); then a 2 x n/2 mesh of the ranks in
+           reverse order all-reduces rank + 1 on its dimension 1 (``row=``; counts
+           after: ``backwards=``) and broadcasts it from the group's rank 0 (``first=``).
 gpu_sim_absent  As gpu_sim, 3 ranks: rank 2 never calls new_group([0, 1]) (1.5 s), so
            the split it would join never happens; ranks 0 and 1 report the error
            (``error=``) and the counts (``made=``), then all meet in a CPU barrier.
@@ -99,8 +101,18 @@ def case_gpu_sim() -> None:
         x = cupy.asarray(np.full(2, rank + 1.0, np.float32))
         dist.all_reduce(x, group=group)
         total = f"{float(x[0]):g}"
+    after_group = made()
+    # the whole world in reverse order: its Cartesian group splits from the default one
+    n = dist.get_world_size()
+    backwards = DeviceMesh("cuda", np.arange(n)[::-1].reshape(2, n // 2))
+    row = backwards.get_group(1)
+    y = cupy.asarray(np.full(2, rank + 1.0, np.float32))
+    dist.all_reduce(y, group=row)
+    z = cupy.asarray(np.full(2, rank + 1.0, np.float32))  # the NCCL ranks keep the mesh's
+    dist.broadcast(z, src=dist.get_global_rank(row, 0), group=row)
     report(f"RESULT rank={rank} init={after_init} mesh={after_mesh} "
-           f"sums={','.join(sums)} group={made()} half={total}")
+           f"sums={','.join(sums)} group={after_group} half={total} "
+           f"backwards={made()} row={float(y[0]):g} first={float(z[0]):g}")
     dist.destroy_process_group()
 
 
