@@ -5,6 +5,8 @@
   every one of many runs (the abort races the launcher's read of the rank's stderr).
 * A dead rank (SIGKILL, ``os._exit``) ends the job within a bound, and the output
   names it where the library says who died.
+* An NCCL creation that never ends (simulated GPU) ends the job at the group's timeout,
+  saying which creation and what to check.
 * With ULFM (Open MPI's ``mpirun --with-ft ulfm``) the survivors raise
   ``ProcessFailedError`` naming the dead rank, shrink, agree and go on; without it the
   fault-tolerance calls say how to launch.
@@ -143,6 +145,26 @@ def test_gpu_survivors_abort_the_old_nccl_communicator_and_go_on():
         assert found[rank]["gpu_sum"] == "2", found[rank]
         assert found[rank]["bootstraps"] == "1", found[rank]
     assert code == 0, output
+
+
+@pytest.mark.parametrize("step", ["init", "split"])
+def test_an_nccl_creation_that_never_ends_ends_the_job_at_the_timeout(step):
+    """Every rank came to make the communicator (the default group's, or a split of it),
+    then NCCL's own creation never returns on rank 1 (the simulated GPU stalls it there,
+    as a bootstrap that cannot connect would): past the group's timeout the ranks say
+    which creation outlived it and what to check, and the job ends; no rank goes on."""
+    code, output, elapsed = run_case("gpu_stall", 3, limit=JOB_END_S + 30, CASE_TIMEOUT=2,
+                                     SIM_NCCL_STALL=f"{step}:1")
+    assert code != 0 and elapsed < JOB_END_S, (code, elapsed, output)
+    what = {"init": "(the group's communicator)",
+            "split": "(a communicator split from the group's, its 1st (ncclCommSplit))"}
+    assert re.search(r"hpccomm NCCL backend, rank \d/3 of its group \(global rank \d\): "
+                     r"NCCL communicator creation " + re.escape(what[step]) +
+                     r" did not finish within 2 s", output), output
+    assert "NCCL_SOCKET_IFNAME" in output and "not reached" not in output, output
+    found = results(output)
+    made = sorted(r for r in found if found[r].get("made") == "group")
+    assert made == ([] if step == "init" else [0, 1, 2]), output
 
 
 def test_agreements_are_right_beside_threads_that_poll_mpi():

@@ -170,6 +170,24 @@ def gpu_survive():
     dist.destroy_process_group()
 
 
+def gpu_stall():
+    """The simulated GPU (``SIM_NCCL_STALL=init:1`` or ``split:1``): every rank comes to
+    make an NCCL communicator (the default group's at its first GPU collective, or a
+    split of it), then the victim never returns from NCCL's creation. The others wait in
+    theirs until the group's timeout ends the job; no rank gets past it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "gpu_sim"))
+    import cupy
+    import hpccomm as dist
+
+    dist.init_process_group(backend="cpu:mpi,cuda:nccl", timeout=TIMEOUT)
+    rank = dist.get_rank()
+    dist.all_reduce(cupy.asarray(np.ones(4, np.float32)))
+    say(rank, "made=group")
+    dist.split_group(split_ranks=[list(range(dist.get_world_size()))])
+    say(rank, "made=split not reached")
+
+
 def survive_p2p():
     """ULFM: rank 0 waits to receive from the victim, which dies; the others wait in a
     barrier. Rank 0's recv names the victim and revokes the group: the others raise too."""
@@ -266,6 +284,7 @@ CASES = {
     "survive": survive,
     "survive_p2p": survive_p2p,
     "gpu_survive": gpu_survive,
+    "gpu_stall": gpu_stall,
     "torch_survive": torch_survive,
     "agree_beside_a_thread": agree_beside_a_thread,
 }

@@ -37,7 +37,7 @@ from ..._arrays import FAMILY
 from ...errors import DistBackendError, DistError, DistTimeoutError, DistValueError
 from ...types import RedOpType
 from ...work import Work
-from . import device as _cuda, nccl_lib, shared_gpu
+from . import deadline, device as _cuda, nccl_lib, shared_gpu
 from .nccl_plan import UFUNC, Plan, make_plan, offsets
 from ..base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, REDUCE, REDUCE_SCATTER,
                     Communicator)
@@ -151,9 +151,15 @@ class NCCLCommunicator(Communicator):
         self.watchdog.timeout = seconds
 
     # -- communicators --------------------------------------------------------------------
-    def _new_comm(self, nranks: int, uid: bytes, rank: int) -> Any:
-        with self._dev:
-            made = self.nccl.NcclCommunicator(nranks, uid, rank)
+    def _new_comm(self, members: List[int], key: str) -> Any:
+        """The NCCL communicator ``key`` of ``members`` (group ranks, in its rank order;
+        this rank among them), made from a unique id after their meeting, its creation
+        under the group's timeout (:func:`.deadline.bounded`)."""
+        uid = shared_gpu.meet(self.mpi_comm, members, key, self.cp, self.device,
+                              self.timeout, self.nccl.get_unique_id)
+        with self._dev, deadline.bounded(shared_gpu.creation(key, members), self.rank,
+                                         self.size, self.timeout):
+            made = self.nccl.NcclCommunicator(len(members), uid, members.index(self.rank))
         self._created.append(made)
         return made
 
@@ -162,8 +168,7 @@ class NCCLCommunicator(Communicator):
         after the meeting that names absent ranks: :func:`.shared_gpu.meet`)."""
         if self._comm is None:
             self._not_capturing("its first collective makes the group's NCCL communicator")
-            uid = self._meet(list(range(self.size)), "group")
-            self._comm = self._new_comm(self.size, uid, self.rank)
+            self._comm = self._new_comm(list(range(self.size)), "group")
         return self._comm
 
     def connect(self) -> None:
@@ -199,7 +204,9 @@ class NCCLCommunicator(Communicator):
             from ..mpi.plumbing import ranks_in
 
             color, rank = min(ranks_in(child, self.mpi_comm)), child.Get_rank()
-        with self._lock, self._dev:
+        with self._lock, self._dev, deadline.bounded(
+                shared_gpu.creation(key, list(range(self.size))), self.rank, self.size,
+                self.timeout if timeout is None else timeout):
             made = self._comm.commSplit(color, rank)
         if child is None:
             return None
@@ -207,11 +214,6 @@ class NCCLCommunicator(Communicator):
         adopted._comm = made
         adopted._created.append(made)
         return adopted
-
-    def _meet(self, members: List[int], key: str) -> Any:
-        """The meeting before communicator ``key`` of ``members``: its NCCL unique id."""
-        return shared_gpu.meet(self.mpi_comm, members, key, self.cp, self.device,
-                               self.timeout, self.nccl.get_unique_id)
 
     def _p2p(self, peer: int) -> Tuple[Any, int]:
         """(communicator, peer's rank in it) for a send or receive outside a batch."""
@@ -227,8 +229,7 @@ class NCCLCommunicator(Communicator):
         self._not_capturing("a first send or receive between two ranks makes their NCCL "
                             "communicator")
         low, high = sorted((self.rank, peer))
-        uid = self._meet([low, high], f"pair {low}-{high}")
-        pair = self._pairs[peer] = self._new_comm(2, uid, 0 if self.rank == low else 1)
+        pair = self._pairs[peer] = self._new_comm([low, high], f"pair {low}-{high}")
         return pair, 1 if self.rank == low else 0
 
     def _open_group(self) -> None:

@@ -15,7 +15,8 @@ UUID). The leader, the communicator's first rank, then answers every rank at onc
   that share a device (host, device, UUID and the ways out), or the ranks that came to
   make another communicator (a call on another group or pair).
 
-Once every rank holds the id, NCCL's creation has nobody left to wait for. A rank whose
+Once every rank holds the id, NCCL's creation has no rank left to wait for, only its own
+bootstrap (bounded by :mod:`.deadline`). A rank whose
 device UUID cannot be read (an old CuPy or driver) still comes, but is left out of the
 comparison: then the check can only be silent, never wrong.
 """
@@ -156,7 +157,7 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
     (a split needs none); raises on every member if some never came within ``timeout``
     seconds, if two share a GPU, or if they came to make different communicators."""
     members = [int(m) for m in members]
-    what = f"NCCL communicator creation ({_described(key, members)})"
+    what = creation(key, members)
 
     def judge(records: List[np.ndarray]) -> bytes:
         keys = [bytes(r[RECORD_BYTES:]).rstrip(b"\0").decode(errors="replace")
@@ -190,6 +191,12 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
         return None
     form, uid = answer[:1], answer[1:]
     return uid if form == _AS_BYTES else tuple(int(b) for b in np.frombuffer(uid, np.int8))
+
+
+def creation(key: str, members: Sequence[int]) -> str:
+    """``"NCCL communicator creation (the group's communicator)"``: the creation of the
+    communicator ``key`` of ``members`` (positions in the group), in words."""
+    return f"NCCL communicator creation ({_described(key, [int(m) for m in members])})"
 
 
 def _described(key: str, members: Sequence[int]) -> str:

@@ -45,6 +45,18 @@ def _wait(request, what):
         os.sched_yield()
 
 
+#: ``"init:R"`` or ``"split:R"``: world rank R never returns from that creation (as when
+#: NCCL's bootstrap cannot connect), for the tests of hpccomm's deadline on it.
+STALL = os.environ.get("SIM_NCCL_STALL", "")
+
+
+def _stall(step):
+    """Block for good here if :data:`STALL` names ``step`` on this rank."""
+    if STALL == f"{step}:{MPI.COMM_WORLD.Get_rank()}":
+        while True:
+            time.sleep(1)
+
+
 def get_version():
     return VERSION
 
@@ -98,6 +110,7 @@ class NcclCommunicator:
     def __init__(self, ndev, commId, rank):
         if not isinstance(commId, bytes) or len(commId) != 128:  # as CuPy's typed argument
             raise TypeError(f"commId must be 128 bytes, got {type(commId).__name__}")
+        _stall("init")
         world = MPI.COMM_WORLD
         where = os.path.join(tempfile.gettempdir(), "sim-nccl-" + commId[:12].hex())
         os.makedirs(where, exist_ok=True)
@@ -151,6 +164,7 @@ class NcclCommunicator:
             raise RuntimeError("ncclCommSplit is not available in this version")
         if self.aborted:
             raise RuntimeError("NCCL error: communicator aborted")
+        _stall("split")
         request = self.comm.Ibarrier()  # every rank of the parent calls it, as in NCCL
         _wait(request, "ncclCommSplit")
         sub = self.comm.Split(MPI.UNDEFINED if color < 0 else color, key)

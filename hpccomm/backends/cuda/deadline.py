@@ -1,0 +1,75 @@
+"""The deadline on NCCL's own creation of a communicator, once its ranks have met.
+
+After the meeting (:mod:`.shared_gpu`) every rank holds what it needs, and NCCL's
+creation (``ncclCommInitRank``, ``ncclCommSplit``) has only NCCL left to wait for: its
+bootstrap, which connects the ranks over TCP. That can still block for good: a network
+NCCL cannot use (the wrong interface, see ``NCCL_SOCKET_IFNAME``; a firewall between
+the nodes), or a rank that stopped in the meantime. CuPy's creation blocks and cannot
+be interrupted (there is no communicator to abort until it returns), so :func:`bounded`
+watches it from a timer thread: past the group's timeout it writes which communicator,
+on which rank, for how long and what to check to stderr, then ends the job
+(``MPI_Abort`` on the world), as torch ends a process whose NCCL work outlived its
+timeout. It runs only while a communicator is being made: no call's path pays for it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Iterator, Optional
+
+
+def end_job() -> None:
+    """End the whole job from this rank: ``MPI_Abort`` on the world, else exit."""
+    try:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(1)
+    finally:
+        os._exit(1)
+
+
+def _global_rank() -> str:
+    try:
+        from mpi4py import MPI
+
+        return str(MPI.COMM_WORLD.Get_rank())
+    except Exception:  # pragma: no cover - MPI is up whenever a group exists
+        return "?"
+
+
+def message(what: str, rank: int, size: int, timeout: float) -> str:
+    """What a rank says when NCCL's creation of ``what`` outlived ``timeout``."""
+    return (f"hpccomm NCCL backend, rank {rank}/{size} of its group (global rank "
+            f"{_global_rank()}): {what} did not finish within {timeout:g} s, although "
+            f"every rank of it had come to make it. NCCL's own creation cannot be "
+            f"interrupted, so this rank ends the job. Check that NCCL's bootstrap can "
+            f"connect the ranks (NCCL_SOCKET_IFNAME names the network interface it "
+            f"uses; NCCL_DEBUG=INFO shows where it stops) and that no rank stopped "
+            f"meanwhile (its own output says why)")
+
+
+@contextlib.contextmanager
+def bounded(what: str, rank: int, size: int, timeout: Optional[float]) -> Iterator[None]:
+    """Run the blocking NCCL creation inside under a deadline of ``timeout`` seconds
+    (none when ``None``): past it, :func:`message` goes to stderr and the job ends."""
+    if timeout is None:
+        yield
+        return
+    finished = threading.Event()
+
+    def expire() -> None:
+        if finished.is_set():
+            return
+        os.write(2, (message(what, rank, size, timeout) + "\n").encode())
+        end_job()
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.name = "hpccomm-nccl-creation-deadline"
+    timer.start()
+    try:
+        yield
+    finally:
+        finished.set()
+        timer.cancel()
