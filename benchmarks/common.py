@@ -7,9 +7,11 @@ Every script of the suite (``benchmarks/run_all.sh``) and every study in
 timing samples the tables report.
 """
 import csv
+import gc
 import os
 import statistics
-from typing import Dict, Iterable, List, Sequence, Tuple
+import time
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.environ.get("BENCH_RESULTS") or os.path.join(ROOT, "docs", "results")
@@ -41,3 +43,32 @@ def read_csv(path: str) -> List[Dict[str, str]]:
 def median_and_best(samples: Sequence[float]) -> Tuple[float, float]:
     """The median and the smallest of timing samples."""
     return statistics.median(samples), min(samples)
+
+
+def interleaved(variants: Dict[str, Callable[[], Any]], sync: Callable[[], Any], block: int,
+                rounds: int, barrier: Callable[[], Any] = lambda: None,
+                warmup: int = 50) -> Dict[str, List[int]]:
+    """Nanoseconds of every call of every variant, each call timed alone
+    (``perf_counter_ns``): ``warmup`` untimed calls of each, ``sync()``, then ``rounds``
+    rounds in which each variant in turn runs ``block`` timed calls after ``barrier()``,
+    with the garbage collector off, and ``sync()`` (untimed) after its block."""
+    clock = time.perf_counter_ns
+    samples: Dict[str, List[int]] = {name: [] for name in variants}
+    for run in variants.values():
+        for _ in range(warmup):
+            run()
+    sync()
+    for _ in range(rounds):
+        for name, run in variants.items():
+            barrier()
+            times = samples[name]
+            gc.disable()
+            try:
+                for _ in range(block):
+                    start = clock()
+                    run()
+                    times.append(clock() - start)
+            finally:
+                gc.enable()
+            sync()
+    return samples

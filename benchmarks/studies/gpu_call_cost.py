@@ -47,40 +47,21 @@ change (measured earlier); the real-GPU numbers after it are still to be measure
 (``gpu/run_gpu_check.sh`` runs this script).
 """
 import argparse
-import gc
 import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIM_PATH = os.path.join(HERE, "..", "..", "tests", "gpu_sim")
+sys.path.insert(0, os.path.join(HERE, ".."))
+from common import interleaved  # noqa: E402
 
 
 def measure(variants, sync, calls, block, barrier):
     """``{name: median ns per call}`` over ``calls`` timed calls of each variant."""
-    clock = time.perf_counter_ns
-    samples = {name: [] for name in variants}
-    for run in variants.values():  # warm-up: communicators, plans, pools
-        for _ in range(50):
-            run()
-    sync()
-    rounds = max(1, calls // block)
-    for _ in range(rounds):
-        for name, run in variants.items():
-            barrier()
-            times = samples[name]
-            gc.disable()
-            try:
-                for _ in range(block):
-                    start = clock()
-                    run()
-                    times.append(clock() - start)
-            finally:
-                gc.enable()
-            sync()
+    samples = interleaved(variants, sync, block, max(1, calls // block), barrier)
     return {name: statistics.median(times) for name, times in samples.items()}
 
 

@@ -28,16 +28,14 @@ Run (``pip install cupy-cuda12x nvidia-nccl-cu12 nccl4py`` in the environment)::
 """
 import argparse
 import ctypes
-import gc
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import result, write_csv  # noqa: E402
+from common import interleaved, result, write_csv  # noqa: E402
 
 #: The C functions a communicator's life needs, and what each is for.
 LIFE = [
@@ -192,29 +190,6 @@ def calls(cupy_nccl, nccl4py, library, stub):
     return variants, sync, keep
 
 
-def measure(variants, sync, calls_per_block, blocks):
-    """``{name: [ns per call]}``, the variants interleaved block by block."""
-    clock = time.perf_counter_ns
-    samples = {name: [] for name in variants}
-    for run in variants.values():
-        for _ in range(200):
-            run()
-    sync()
-    for _ in range(blocks):
-        for name, run in variants.items():
-            times = samples[name]
-            gc.disable()
-            try:
-                for _ in range(calls_per_block):
-                    start = clock()
-                    run()
-                    times.append(clock() - start)
-            finally:
-                gc.enable()
-            sync()
-    return samples
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stub", action="store_true",
@@ -231,7 +206,7 @@ def main():
         cupy_nccl, nccl4py, library = bindings()
         where = loaded_nccl()
         variants, sync, keep = calls(cupy_nccl, nccl4py, library, args.stub)
-        samples = measure(variants, sync, args.block, args.blocks)
+        samples = interleaved(variants, sync, args.block, args.blocks, warmup=200)
         exports, exports_of = real_library(args.stub)
         rows = bound_rows(cupy_nccl, nccl4py, exports)
         del keep
