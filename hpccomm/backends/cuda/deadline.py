@@ -38,7 +38,7 @@ def _global_rank() -> str:
         return "?"
 
 
-def message(what: str, rank: int, size: int, timeout: float) -> str:
+def _message(what: str, rank: int, size: int, timeout: float) -> str:
     """What a rank says when NCCL's creation of ``what`` outlived ``timeout``."""
     return (f"hpccomm NCCL backend, rank {rank}/{size} of its group (global rank "
             f"{_global_rank()}): {what} did not finish within {timeout:g} s, although "
@@ -52,7 +52,7 @@ def message(what: str, rank: int, size: int, timeout: float) -> str:
 @contextlib.contextmanager
 def bounded(what: str, rank: int, size: int, timeout: Optional[float]) -> Iterator[None]:
     """Run the blocking NCCL creation inside under a deadline of ``timeout`` seconds
-    (none when ``None``): past it, :func:`message` goes to stderr and the job ends."""
+    (none when ``None``): past it, :func:`_message` goes to stderr and the job ends."""
     if timeout is None:
         yield
         return
@@ -61,7 +61,7 @@ def bounded(what: str, rank: int, size: int, timeout: Optional[float]) -> Iterat
     def expire() -> None:
         if finished.is_set():
             return
-        os.write(2, (message(what, rank, size, timeout) + "\n").encode())
+        os.write(2, (_message(what, rank, size, timeout) + "\n").encode())
         end_job()
 
     timer = threading.Timer(timeout, expire)
