@@ -69,7 +69,8 @@ TORCH_SUITE="--deselect tests/test_torch_suite.py"
 #: Serial tests that MPICH's run covers for the other libraries: what runs no job (the
 #: architecture, the stores, the simulated GPU's set-up), what torch or a framework
 #: judges rather than the library (torch's tests as ported, the torch cases of the
-#: traceback test, torch's waits, debug names and re-initialization, DeepSpeed's recipe),
+#: traceback test, torch's waits, debug names and re-initialization, DeepSpeed's recipe;
+#: the stalled NCCL creation at init, whose abort the stalled split shows on each library),
 #: and jobs whose library part other tests cover (checkpoints, the examples, the bench
 #: table, the 4-rank DDP example, the mistakes on simulated nodes, the small channel's
 #: counts of bytes and lines at 2-64 ranks, which its C code alone decides). The others keep what
@@ -83,6 +84,7 @@ for nodeid in tests/test_architecture.py tests/test_core_types.py tests/test_set
         tests/test_examples.py \
         "tests/test_failures.py::test_no_traceback_is_lost[torch_mpi_exception]" \
         "tests/test_failures.py::test_no_traceback_is_lost[torch_env_exception]" \
+        "tests/test_failures.py::test_an_nccl_creation_that_never_ends_ends_the_job_at_the_timeout[init]" \
         tests/test_torch_launch.py::test_every_kind_of_wait_times_out_naming_the_operation \
         tests/test_torch_launch.py::test_reinit_after_destroy \
         tests/test_torch_launch.py::test_torch_debug_detail_on_every_name \

@@ -153,8 +153,8 @@ def test_an_nccl_creation_that_never_ends_ends_the_job_at_the_timeout(step):
     then NCCL's own creation never returns on rank 1 (the simulated GPU stalls it there,
     as a bootstrap that cannot connect would): past the group's timeout the ranks say
     which creation outlived it and what to check, and the job ends; no rank goes on."""
-    code, output, elapsed = run_case("gpu_stall", 3, limit=JOB_END_S + 30, CASE_TIMEOUT=2,
-                                     SIM_NCCL_STALL=f"{step}:1")
+    code, output, elapsed = run_case("gpu_stall", 3, limit=JOB_END_S + 30, CASE_TIMEOUT=30,
+                                     CASE_STALL_TIMEOUT=2, SIM_NCCL_STALL=f"{step}:1")
     assert code != 0 and elapsed < JOB_END_S, (code, elapsed, output)
     what = {"init": "(the group's communicator)",
             "split": "(a communicator split from the group's, its 1st (ncclCommSplit))"}

@@ -14,9 +14,11 @@ Two questions, answered from what is installed, into ``docs/results/nccl_binding
   median per binding. Two modes:
 
   - ``--stub`` (any machine, no GPU): the library is a stub compiled here (``gcc``)
-    whose every function returns ``ncclSuccess`` at once, loaded first under the name
+    whose every call returns ``ncclSuccess`` at once, loaded first under the name
     ``libnccl.so.2``, so that CuPy and nccl4py both bind it; what is left is the
-    binding's own cost (argument conversion, the call, the status check);
+    binding's own cost (argument conversion, the call, the status check). Its creation
+    and split block for a while instead, as NCCL's bootstrap does, to show whether
+    other Python threads run meanwhile (a timer on a blocking creation needs that);
   - on a GPU (the default): one 1-rank communicator made by CuPy, the same handle given
     to nccl4py (``Comm(handle)``) and to ``ctypes``, the call enqueued on one stream
     (synchronized between blocks, untimed): the per-call cost with the real NCCL.
@@ -33,6 +35,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from common import interleaved, result, write_csv  # noqa: E402
@@ -57,21 +61,26 @@ NCCL4PY = {"ncclCommInitRankConfig": "comm_init_rank_config", "ncclCommSplit": "
            "comm_init_rank_scalable", "ncclCommGetAsyncError": "comm_get_async_error",
            "ncclCommAbort": "comm_abort", "ncclCommRevoke": "comm_revoke"}
 
+#: Milliseconds the stub's creation functions take (they block, as NCCL's bootstrap does).
+CREATION_MS = 300
+#: The stub: creation blocks for :data:`CREATION_MS`, every other call returns at once.
 STUB = r"""
+#include <unistd.h>
 int ncclGetVersion(int *version) { *version = %d; return 0; }
 const char *ncclGetErrorString(int result) { return "stub"; }
 const char *ncclGetLastError(void *comm) { return ""; }
-""" + "".join(f"int {name}(void) {{ return 0; }}\n" for name in (
+""" + "".join(f"int {name}(void) {{ usleep({CREATION_MS * 1000}); return 0; }}\n"
+              for name in ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommSplit")
+              ) + "".join(f"int {name}(void) {{ return 0; }}\n" for name in (
     "ncclAllGather", "ncclAllReduce", "ncclBcast", "ncclBroadcast", "ncclCommAbort",
     "ncclCommCount", "ncclCommCuDevice", "ncclCommDestroy", "ncclCommGetAsyncError",
-    "ncclCommInitAll", "ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommSplit",
-    "ncclCommShrink", "ncclCommInitRankScalable", "ncclCommRevoke", "ncclCommFinalize",
-    "ncclCommUserRank", "ncclGetUniqueId", "ncclGroupEnd", "ncclGroupStart", "ncclRecv",
-    "ncclReduce", "ncclReduceScatter", "ncclSend"))
+    "ncclCommInitAll", "ncclCommShrink", "ncclCommInitRankScalable", "ncclCommRevoke",
+    "ncclCommFinalize", "ncclCommUserRank", "ncclGetUniqueId", "ncclGroupEnd",
+    "ncclGroupStart", "ncclRecv", "ncclReduce", "ncclReduceScatter", "ncclSend"))
 
 
 def load_stub(folder: str, version: int) -> str:
-    """Compile and load (globally) a ``libnccl.so.2`` whose calls all succeed at once."""
+    """Compile and load (globally) the stub :data:`STUB` as ``libnccl.so.2``."""
     source, library = os.path.join(folder, "stub.c"), os.path.join(folder, "libnccl.so.2")
     with open(source, "w") as f:
         f.write(STUB % version)
@@ -149,6 +158,48 @@ def bound_rows(cupy_nccl, nccl4py, library):
     return rows
 
 
+def others_run_during(make) -> str:
+    """Whether another Python thread runs while ``make()`` blocks in the library (the
+    binding releases the GIL there): what a timer on a blocking creation needs."""
+    ticks, stop = [], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(CREATION_MS / 1000 / 10)
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    time.sleep(CREATION_MS / 1000 / 5)
+    before = len(ticks)
+    try:
+        make()
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: a study
+        return f"could not tell ({type(exc).__name__}: {exc})"
+    finally:
+        during = len(ticks) - before
+        stop.set()
+        thread.join()
+    return f"yes ({during} ticks of another thread)" if during >= 5 else \
+        f"no ({during} ticks of another thread)"
+
+
+def creation_rows(cupy_nccl, nccl4py):
+    """Whether each binding's creation and split let other threads run (``--stub``)."""
+    rows = [{"binding": "cupy.cuda.nccl",
+             "creation": others_run_during(
+                 lambda: cupy_nccl.NcclCommunicator(2, bytes(128), 0)),
+             "split": others_run_during(
+                 lambda: cupy_nccl.NcclCommunicator.__new__(
+                     cupy_nccl.NcclCommunicator).commSplit(0, 0))}]
+    if nccl4py is not None:
+        rows.append({"binding": "nccl4py",
+                     "creation": others_run_during(lambda: nccl4py.comm_init_rank_config(
+                         2, nccl4py.UniqueId(), 0, nccl4py.Config())),
+                     "split": others_run_during(lambda: nccl4py.comm_split(
+                         nccl4py.Comm(0), 0, 0, nccl4py.Config()))})
+    return rows
+
+
 def calls(cupy_nccl, nccl4py, library, stub):
     """``(variants, sync, keep)``: one ncclAllReduce through each binding."""
     count, f32, total = 1024, 7, 0  # ncclFloat32, ncclSum
@@ -209,6 +260,7 @@ def main():
         samples = interleaved(variants, sync, args.block, args.blocks, warmup=200)
         exports, exports_of = real_library(args.stub)
         rows = bound_rows(cupy_nccl, nccl4py, exports)
+        blocking = creation_rows(cupy_nccl, nccl4py) if args.stub else []
         del keep
     import cupy
 
@@ -218,7 +270,8 @@ def main():
                 f"{getattr(sys.modules.get('nccl'), '__version__', None) or _dist('nccl4py')}"
                 f", called: {called}, Python {sys.version.split()[0]}; the ctypes column: "
                 f"{exports_of}")
-    mode = ("stub library (every call returns at once): the binding's own cost"
+    mode = ("stub library (each call returns at once, creation after "
+            f"{CREATION_MS} ms): the binding's own cost"
             if args.stub else "real NCCL, 1-rank communicator, 4 KiB on one stream")
     stem = args.name or ("nccl_bindings_stub" if args.stub else "nccl_bindings_gpu")
     timing = []
@@ -236,6 +289,11 @@ def main():
     lines += ["", "| function | for | CuPy | nccl4py | ctypes |", "|---|---|---|---|---|"]
     lines += [f"| `{r['function']}` | {r['purpose']} | {r['cupy']} | {r['nccl4py']} | "
               f"{r['ctypes']} |" for r in rows]
+    if blocking:
+        lines += ["", f"Other Python threads run while the binding's creation blocks "
+                      f"({CREATION_MS} ms in the stub): what a deadline timer needs", "",
+                  "| binding | ncclCommInitRank(Config) | ncclCommSplit |", "|---|---|---|"]
+        lines += [f"| {r['binding']} | {r['creation']} | {r['split']} |" for r in blocking]
     with open(result(stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

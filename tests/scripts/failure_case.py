@@ -174,7 +174,8 @@ def gpu_stall():
     """The simulated GPU (``SIM_NCCL_STALL=init:1`` or ``split:1``): every rank comes to
     make an NCCL communicator (the default group's at its first GPU collective, or a
     split of it), then the victim never returns from NCCL's creation. The others wait in
-    theirs until the group's timeout ends the job; no rank gets past it."""
+    theirs until the group's timeout (``CASE_STALL_TIMEOUT``, set after a barrier: a slow
+    start-up is not what is tested) ends the job; no rank gets past it."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))), "gpu_sim"))
     import cupy
@@ -182,6 +183,8 @@ def gpu_stall():
 
     dist.init_process_group(backend="cpu:mpi,cuda:nccl", timeout=TIMEOUT)
     rank = dist.get_rank()
+    dist.barrier()
+    dist.set_timeout(float(os.environ["CASE_STALL_TIMEOUT"]))
     dist.all_reduce(cupy.asarray(np.ones(4, np.float32)))
     say(rank, "made=group")
     dist.split_group(split_ranks=[list(range(dist.get_world_size()))])
