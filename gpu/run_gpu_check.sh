@@ -14,7 +14,8 @@
 #    what is missing if something required is;
 # 3. runs the GPU tests (tests/test_gpu_collectives.py and tests/test_gpu_lifecycle.py,
 #    cupy-* cases and the rest) at world size 1, then 2 and 4 ranks where the machine has
-#    that many GPUs (one rank per GPU);
+#    that many GPUs (one rank per GPU), and, with nccl4py, at 1 rank with nonblocking
+#    communicators (and tests/test_gpu_nccl4py.py);
 # 4. runs benchmarks/studies/gpu_allreduce.py (hpccomm vs raw cupy.cuda.nccl, same buffers) at
 #    world size 1 and at the number of GPUs;
 # 5. runs gpu/capture_check.py (collectives captured in a CUDA graph, replayed, checked) at
@@ -79,9 +80,10 @@ elif [[ "${SKIP_INSTALL:-0}" != "1" ]]; then
         >>"$OUT/install.log" 2>&1 || { log "installing wheels failed (see install.log)"; exit 2; }
     python -m pip install -q -e "$ROOT[$EXTRA]" >>"$OUT/install.log" 2>&1 \
         || { log "installing hpccomm[$EXTRA] from $ROOT failed (see install.log)"; exit 2; }
-    # NVIDIA's NCCL binding, only for the bindings study of step 5 (optional)
+    # NVIDIA's NCCL binding: nonblocking communicators (step 3) and the bindings study
+    # (step 5); optional
     python -m pip install -q nccl4py >>"$OUT/install.log" 2>&1 \
-        || log "nccl4py not installed: the bindings study compares CuPy and ctypes only"
+        || log "nccl4py not installed: its checks are skipped, and the bindings study compares CuPy and ctypes only"
 else
     # shellcheck disable=SC1091
     source "$VENV/bin/activate"
@@ -129,6 +131,22 @@ for n in ${GPU_CHECK_RANKS:-1 2 4}; do
     if (( code != 0 )) || (( skipped_gpu > 0 )); then STATUS=1; fi
     echo "| $n | exit $code: $line (GPU-skip lines: $skipped_gpu) |" >>"$SUMMARY"
 done
+# the same at 1 rank with nonblocking communicators through nccl4py (HPCCOMM_NCCL_NONBLOCKING),
+# each group made from one unique id per rank (ncclCommInitRankScalable), and nccl4py's own
+# checks (tests/test_gpu_nccl4py.py: creation, split and abort on a deadline)
+if "$PY" -c "import nccl.bindings.nccl" 2>/dev/null; then
+    log "tests at 1 rank, nonblocking nccl4py communicators"
+    HPCCOMM_NCCL_NONBLOCKING=1 HPCCOMM_NCCL_RANKS_PER_ROOT=1 HPCCOMM_TEST_TIMEOUT=120 \
+        timeout 1200 "$MPIEXEC" -n 1 "$PY" -m pytest -q -rs -m mpi --with-mpi \
+        -p no:cacheprovider tests/test_gpu_collectives.py tests/test_gpu_lifecycle.py \
+        tests/test_gpu_nccl4py.py >"$OUT/tests-nccl4py-n1.log" 2>&1
+    code=$?
+    line="$(grep -E '[0-9]+ (passed|failed)' "$OUT/tests-nccl4py-n1.log" | tail -1)"
+    (( code != 0 )) && STATUS=1
+    echo "| 1, nonblocking nccl4py | exit $code: $line |" >>"$SUMMARY"
+else
+    echo "| 1, nonblocking nccl4py | not run: nccl4py is not installed |" >>"$SUMMARY"
+fi
 
 # -- 4. benchmarks --------------------------------------------------------------------------------
 echo -e "\n## all_reduce bandwidth: hpccomm vs raw cupy.cuda.nccl\n" >>"$SUMMARY"

@@ -337,6 +337,18 @@ MPI_CUDA_AWARE = _declare(
 NCCL_BLOCKING_WAIT = _declare(
     "NCCL_BLOCKING_WAIT", FLAG, False, "GPU backend creation",
     "wait() on GPU work blocks the CPU, under the timeout, instead of ordering the stream.")
+NCCL_BINDING = _declare(
+    "NCCL_BINDING", choice("cupy", "nccl4py"), "cupy", "GPU backend creation",
+    "Which binding makes and calls NCCL communicators: CuPy's, or NVIDIA's nccl4py "
+    "(needed for nonblocking and many-root creation).")
+NCCL_NONBLOCKING = _declare(
+    "NCCL_NONBLOCKING", FLAG, False, "GPU backend creation",
+    "Nonblocking NCCL communicators (nccl4py): a creation past the timeout raises "
+    "DistTimeoutError and the process goes on.")
+NCCL_RANKS_PER_ROOT = _declare(
+    "NCCL_RANKS_PER_ROOT", COUNT, 128, "GPU backend creation",
+    "With nccl4py, a group of more ranks is made from one unique id per this many ranks "
+    "(ncclCommInitRankScalable); 0: always one id.")
 # Stores (stores/)
 STORE_TOKEN = _declare(
     "STORE_TOKEN", TEXT, None, "store creation",

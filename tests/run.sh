@@ -70,7 +70,8 @@ TORCH_SUITE="--deselect tests/test_torch_suite.py"
 #: architecture, the stores, the simulated GPU's set-up), what torch or a framework
 #: judges rather than the library (torch's tests as ported, the torch cases of the
 #: traceback test, torch's waits, debug names and re-initialization, DeepSpeed's recipe;
-#: the stalled NCCL creation at init, whose abort the stalled split shows on each library),
+#: the stalled NCCL creation at init, whose abort the stalled split shows on each library;
+#: the GPU collectives through the simulated nccl4py, which no MPI library changes),
 #: and jobs whose library part other tests cover (checkpoints, the examples, the bench
 #: table, the 4-rank DDP example, the mistakes on simulated nodes, the small channel's
 #: counts of bytes and lines at 2-64 ranks, which its C code alone decides). The others keep what
@@ -85,6 +86,7 @@ for nodeid in tests/test_architecture.py tests/test_core_types.py tests/test_set
         "tests/test_failures.py::test_no_traceback_is_lost[torch_mpi_exception]" \
         "tests/test_failures.py::test_no_traceback_is_lost[torch_env_exception]" \
         "tests/test_failures.py::test_an_nccl_creation_that_never_ends_ends_the_job_at_the_timeout[init]" \
+        tests/test_gpu_nccl4py.py::test_every_gpu_collective_runs_through_nonblocking_nccl4py_communicators \
         tests/test_torch_launch.py::test_every_kind_of_wait_times_out_naming_the_operation \
         tests/test_torch_launch.py::test_reinit_after_destroy \
         tests/test_torch_launch.py::test_torch_debug_detail_on_every_name \

@@ -49,9 +49,10 @@ CASES = [
 
 
 def _reset_backend_caches():
-    from hpccomm.backends.cuda import device as _cuda, nccl
+    from hpccomm.backends.cuda import device as _cuda, nccl, nccl4py_binding
 
     nccl._available = None
+    nccl4py_binding._lib = None
     _cuda._cupy = None
     _cuda.binding.device = None
 
@@ -78,7 +79,7 @@ def uninstall_sim():
     if _installed:
         _installed.clear()
         sys.path.remove(SIM_PATH)
-        for name in [n for n in sys.modules if n == "cupy" or n.startswith("cupy.")]:
+        for name in [n for n in sys.modules if n.split(".")[0] in ("cupy", "nccl")]:
             del sys.modules[name]
         _reset_backend_caches()
 

@@ -29,7 +29,8 @@ def end_job() -> None:
         os._exit(1)
 
 
-def _global_rank() -> str:
+def global_rank() -> str:
+    """This process's rank in the world, as text for a message (``?`` without MPI)."""
     try:
         from mpi4py import MPI
 
@@ -38,21 +39,21 @@ def _global_rank() -> str:
         return "?"
 
 
-def _message(what: str, rank: int, size: int, timeout: float) -> str:
-    """What a rank says when NCCL's creation of ``what`` outlived ``timeout``."""
+def message(what: str, rank: int, size: int, timeout: float, outcome: str) -> str:
+    """What a rank says when NCCL's creation of ``what`` outlived ``timeout``, and then
+    what became of it (``outcome``)."""
     return (f"hpccomm NCCL backend, rank {rank}/{size} of its group (global rank "
-            f"{_global_rank()}): {what} did not finish within {timeout:g} s, although "
-            f"every rank of it had come to make it. NCCL's own creation cannot be "
-            f"interrupted, so this rank ends the job. Check that NCCL's bootstrap can "
-            f"connect the ranks (NCCL_SOCKET_IFNAME names the network interface it "
-            f"uses; NCCL_DEBUG=INFO shows where it stops) and that no rank stopped "
-            f"meanwhile (its own output says why)")
+            f"{global_rank()}): {what} did not finish within {timeout:g} s, although "
+            f"every rank of it had come to make it. {outcome} Check that NCCL's "
+            f"bootstrap can connect the ranks (NCCL_SOCKET_IFNAME names the network "
+            f"interface it uses; NCCL_DEBUG=INFO shows where it stops) and that no rank "
+            f"stopped meanwhile (its own output says why)")
 
 
 @contextlib.contextmanager
 def bounded(what: str, rank: int, size: int, timeout: Optional[float]) -> Iterator[None]:
     """Run the blocking NCCL creation inside under a deadline of ``timeout`` seconds
-    (none when ``None``): past it, :func:`_message` goes to stderr and the job ends."""
+    (none when ``None``): past it, :func:`message` goes to stderr and the job ends."""
     if timeout is None:
         yield
         return
@@ -61,7 +62,8 @@ def bounded(what: str, rank: int, size: int, timeout: Optional[float]) -> Iterat
     def expire() -> None:
         if finished.is_set():
             return
-        os.write(2, (_message(what, rank, size, timeout) + "\n").encode())
+        os.write(2, (message(what, rank, size, timeout, "NCCL's own creation cannot be "
+                             "interrupted, so this rank ends the job.") + "\n").encode())
         end_job()
 
     timer = threading.Timer(timeout, expire)

@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import importlib
 import threading
-import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-
+from ... import settings
 from ..._arrays import FAMILY
-from ...errors import DistBackendError, DistError, DistTimeoutError, DistValueError
+from ...errors import DistBackendError, DistError, DistValueError
 from ...types import RedOpType
 from ...work import Work
-from . import deadline, device as _cuda, nccl_lib, shared_gpu
+from . import device as _cuda, nccl4py_binding, nccl_lib
+from .nccl_life import Communicators, can_split  # noqa: F401 (can_split: for callers)
 from .nccl_plan import UFUNC, Plan, make_plan, offsets
 from ..base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, REDUCE, REDUCE_SCATTER,
                     Communicator)
@@ -58,6 +58,16 @@ def nccl_module() -> Any:
     return importlib.import_module("cupy.cuda.nccl")
 
 
+def binding() -> Any:
+    """The module that makes and calls the NCCL communicators: CuPy's
+    ``cupy.cuda.nccl``, or :mod:`.nccl4py_binding` (in the same shape) when
+    ``HPCCOMM_NCCL_BINDING=nccl4py`` or ``HPCCOMM_NCCL_NONBLOCKING`` asks for it."""
+    if settings.NCCL_BINDING.get() == "nccl4py" or settings.NCCL_NONBLOCKING.get():
+        nccl4py_binding.lib()  # raises, saying what to install, if nccl4py is missing
+        return nccl4py_binding
+    return nccl_module()
+
+
 def available() -> bool:
     """True only when CuPy imports, a CUDA device is visible and NCCL loads (cached)."""
     global _available
@@ -73,21 +83,6 @@ def available() -> bool:
     return _available
 
 
-#: The color of a rank that joins no part of a split (``NCCL_SPLIT_NOCOLOR``).
-NOCOLOR = -1
-#: The first NCCL release with ``ncclCommSplit`` (as ``major * 10000 + minor * 100``).
-SPLIT_SINCE = 21800
-
-
-def can_split(nccl: Any) -> bool:
-    """Whether ``nccl`` (CuPy's module) splits communicators: CuPy 14 or later
-    (``NcclCommunicator.commSplit``), built with and running on NCCL 2.18 or later."""
-    built = getattr(nccl, "get_build_version", None)
-    return (hasattr(getattr(nccl, "NcclCommunicator", None), "commSplit")
-            and built is not None and built() >= SPLIT_SINCE
-            and nccl.get_version() >= SPLIT_SINCE)
-
-
 def version() -> Tuple[int, int, int]:
     """The loaded NCCL library's version as ``(major, minor, patch)``."""
     code = nccl_module().get_version()
@@ -96,7 +91,7 @@ def version() -> Tuple[int, int, int]:
     return code // 10000, code % 10000 // 100, code % 100
 
 
-class NCCLCommunicator(Communicator):
+class NCCLCommunicator(Communicators, Communicator):
     """One group's NCCL communicator(s), driven on an internal CUDA stream."""
 
     name = "nccl"
@@ -114,7 +109,13 @@ class NCCLCommunicator(Communicator):
         self.size = comm.Get_size()
         self.timeout = timeout
         self.cp = _cuda.cupy()
-        self.nccl = nccl_module()
+        self.nccl = binding()
+        #: Nonblocking communicators (nccl4py): creation and split polled under the
+        #: timeout, then aborted, raising DistTimeoutError (the process goes on).
+        self.nonblocking = self.nccl is nccl4py_binding and settings.NCCL_NONBLOCKING.get()
+        #: Creation from one unique id per this many ranks (nccl4py; 0: one id).
+        self.ranks_per_root = (settings.NCCL_RANKS_PER_ROOT.get()
+                               if self.nccl is nccl4py_binding else 0)
         self._array = self.cp.ndarray
         self.device = _cuda.bound_device()
         self._dev = self.cp.cuda.Device(self.device)
@@ -149,71 +150,9 @@ class NCCLCommunicator(Communicator):
     def set_timeout(self, seconds: Optional[float]) -> None:
         super().set_timeout(seconds)
         self.watchdog.timeout = seconds
-
-    # -- communicators --------------------------------------------------------------------
-    def _new_comm(self, members: List[int], key: str) -> Any:
-        """The NCCL communicator ``key`` of ``members`` (group ranks, in its rank order;
-        this rank among them), made from a unique id after their meeting, its creation
-        under the group's timeout (:func:`.deadline.bounded`)."""
-        uid = shared_gpu.meet(self.mpi_comm, members, key, self.cp, self.device,
-                              self.timeout, self.nccl.get_unique_id)
-        with self._dev, deadline.bounded(shared_gpu.creation(key, members), self.rank,
-                                         self.size, self.timeout):
-            made = self.nccl.NcclCommunicator(len(members), uid, members.index(self.rank))
-        self._created.append(made)
-        return made
-
-    def _full(self) -> Any:
-        """The group's NCCL communicator; made on first use (collective over the group,
-        after the meeting that names absent ranks: :func:`.shared_gpu.meet`)."""
-        if self._comm is None:
-            self._not_capturing("its first collective makes the group's NCCL communicator")
-            self._comm = self._new_comm(list(range(self.size)), "group")
-        return self._comm
-
-    def connect(self) -> None:
-        """Make the group's NCCL communicator now (collective over the group), as
-        ``init_process_group(device_id=...)`` does for the default group."""
-        with self._lock:
-            self._full()
-
-    def splittable(self) -> bool:
-        """Whether :meth:`split` makes children here: the group's NCCL communicator
-        exists and works, and NCCL and CuPy can split it."""
-        return (self._comm is not None and self.failure is None and not self._closed
-                and can_split(self.nccl))
-
-    def split(self, child: Optional[Any],
-              timeout: Optional[float]) -> Optional["NCCLCommunicator"]:
-        """The NCCL communicator of ``child`` (an MPI communicator made of some of this
-        group's ranks, just split from the group's), made with ``ncclCommSplit`` from
-        this group's: no unique id, no root, the parent's bootstrap network reused.
-
-        Collective over this group: every rank calls it right after the MPI split (a
-        rank in no part passes ``None`` and gets ``None``), when :meth:`splittable`.
-        The ranks meet over MPI first, under ``timeout``, so a rank that does not come
-        is named on every rank that did, instead of leaving them in NCCL's split. The
-        child's ranks keep the MPI communicator's order."""
-        self._not_capturing("splitting the group's NCCL communicator")
-        self._splits += 1
-        key = f"split {self._splits}"
-        shared_gpu.meet(self.mpi_comm, list(range(self.size)), key, self.cp, self.device,
-                        self.timeout if timeout is None else timeout, None)
-        color, rank = NOCOLOR, 0
-        if child is not None:
-            from ..mpi.plumbing import ranks_in
-
-            color, rank = min(ranks_in(child, self.mpi_comm)), child.Get_rank()
-        with self._lock, self._dev, deadline.bounded(
-                shared_gpu.creation(key, list(range(self.size))), self.rank, self.size,
-                self.timeout if timeout is None else timeout):
-            made = self._comm.commSplit(color, rank)
-        if child is None:
-            return None
-        adopted = NCCLCommunicator(child, timeout)
-        adopted._comm = made
-        adopted._created.append(made)
-        return adopted
+        for made in self._created:
+            if self.nonblocking:
+                made.deadline = seconds
 
     def _p2p(self, peer: int) -> Tuple[Any, int]:
         """(communicator, peer's rank in it) for a send or receive outside a batch."""
@@ -719,76 +658,3 @@ class NCCLCommunicator(Communicator):
             for work in batch:  # one event for them all: not for the pool
                 work.event = event
                 self.watchdog.track(event, work, recycle=False)
-
-    # -- failure and life cycle ---------------------------------------------------------------
-    def async_error(self) -> Optional[str]:
-        """NCCL's asynchronous error of any of our communicators, as text (or ``None``)."""
-        for made in list(self._created):
-            try:
-                made.check_async_error()
-            except Exception as exc:
-                return str(exc)
-        return None
-
-    def fail(self, work: Optional[Work], message: str, abort: bool = True,
-             waited: float = 0.0, timeout: bool = True) -> None:
-        """Record the failure every later call and wait raises; abort the communicators."""
-        if self.failure is None:
-            kind = DistTimeoutError if timeout else DistBackendError
-            self.failure = kind(f"hpccomm NCCL backend, rank {self.rank}/{self.size}: "
-                                f"{message}; the NCCL communicator was aborted "
-                                f"(ncclCommAbort) and this group is unusable: call "
-                                f"destroy_process_group() or abort the job")
-            _cuda.run_timeout_hooks(work, waited)
-        if abort:
-            self._abort_comms()
-
-    def _abort_comms(self) -> None:
-        got = self._lock.acquire(timeout=5)  # abort anyway if the main thread is stuck
-        try:
-            for made in self._created:
-                try:
-                    made.abort()
-                except Exception:
-                    pass
-            self._created = []
-            self._comm = None
-            self._pairs.clear()
-        finally:
-            if got:
-                self._lock.release()
-
-    def shutdown(self) -> None:
-        """Finish outstanding work (bounded by the timeout), then destroy in creation order."""
-        if self._closed:
-            return
-        self._closed = True
-        if self.failure is None and self._created:
-            # synchronous calls ran on the callers' streams: their events say when done
-            deadline = time.monotonic() + (self.timeout if self.timeout is not None else 1e9)
-            while not self.stream.done or self.watchdog.pending():
-                if self.failure is not None:  # the watchdog aborted meanwhile
-                    break
-                if time.monotonic() > deadline:
-                    self.watchdog.close()
-                    self.fail(None, "work still pending at shutdown after the timeout",
-                              abort=True)
-                    return
-                time.sleep(0.0005)
-        self.watchdog.close()
-        for made in self._created:
-            try:
-                made.destroy()
-            except Exception:
-                pass
-        self._created = []
-        self._comm = None
-        self._pairs.clear()
-
-    def abort(self) -> None:
-        """``ncclCommAbort`` every communicator of this group (nothing blocks)."""
-        self._closed = True
-        self.watchdog.close()
-        if self.failure is None:
-            self.failure = DistError("the NCCL communicator was aborted")
-        self._abort_comms()

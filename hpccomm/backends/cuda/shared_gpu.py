@@ -193,6 +193,31 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
     return uid if form == _AS_BYTES else tuple(int(b) for b in np.frombuffer(uid, np.int8))
 
 
+def root_ids(comm: Any, roots: int, unique_id: Callable[[], bytes],
+             timeout: Optional[float], what: str) -> List[bytes]:
+    """The ``roots`` unique ids of a creation of the whole group of ``comm`` from several
+    roots (``ncclCommInitRankScalable``), after the meeting: the first rank of each of
+    NCCL's blocks of ranks makes one (``unique_id()``, 128 bytes), and every rank gathers
+    them, in block order (one ``MPI_Iallgatherv`` of ``roots`` x 128 bytes, under
+    ``timeout``)."""
+    from mpi4py import MPI
+
+    from ...work import Work
+    from .nccl4py_binding import root_index
+
+    size = comm.Get_size()
+    mine = np.frombuffer(unique_id() if root_index(comm.Get_rank(), size, roots) >= 0
+                         else b"", np.uint8)
+    counts = [UID_BYTES if root_index(r, size, roots) >= 0 else 0 for r in range(size)]
+    shifts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(int).tolist()
+    every = np.empty(roots * UID_BYTES, np.uint8)
+    work = Work(comm.Iallgatherv(mine, [every, counts, shifts, MPI.BYTE]).Test, None,
+                (mine, every))  # both kept alive until it completes
+    work.op, work.timeout = f"{what}: sharing its {roots} roots' unique ids", timeout
+    work.wait()
+    return [every[i:i + UID_BYTES].tobytes() for i in range(0, every.size, UID_BYTES)]
+
+
 def creation(key: str, members: Sequence[int]) -> str:
     """``"NCCL communicator creation (the group's communicator)"``: the creation of the
     communicator ``key`` of ``members`` (positions in the group), in words."""

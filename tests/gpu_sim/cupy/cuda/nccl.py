@@ -106,22 +106,49 @@ def _reduce(parts, op, dtype):
     return (stack.max if op == NCCL_MAX else stack.min)(axis=0)
 
 
+def arrive(key, rank):
+    """Say at the rendezvous ``key`` (a directory) that ``rank`` has come."""
+    where = os.path.join(tempfile.gettempdir(), "sim-nccl-" + key)
+    os.makedirs(where, exist_ok=True)
+    with open(os.path.join(where, f"{rank}.tmp"), "w") as handle:
+        handle.write(str(MPI.COMM_WORLD.Get_rank()))
+    os.replace(os.path.join(where, f"{rank}.tmp"), os.path.join(where, str(rank)))
+    return where
+
+
+def arrived(where, ndev):
+    """Whether all ``ndev`` ranks have come to the rendezvous ``where``."""
+    try:
+        return sum(1 for n in os.listdir(where) if n.isdigit()) >= ndev
+    except FileNotFoundError:  # the first rank has already cleared it: all came
+        return True
+
+
+def leave(where, rank):
+    """Clear the rendezvous ``where`` (its first rank, once all have connected)."""
+    if rank == 0:
+        for name in os.listdir(where):
+            os.remove(os.path.join(where, name))
+        os.rmdir(where)
+
+
 class NcclCommunicator:
     def __init__(self, ndev, commId, rank):
         if not isinstance(commId, bytes) or len(commId) != 128:  # as CuPy's typed argument
             raise TypeError(f"commId must be 128 bytes, got {type(commId).__name__}")
         _stall("init")
-        world = MPI.COMM_WORLD
-        where = os.path.join(tempfile.gettempdir(), "sim-nccl-" + commId[:12].hex())
-        os.makedirs(where, exist_ok=True)
-        with open(os.path.join(where, f"{rank}.tmp"), "w") as handle:
-            handle.write(str(world.Get_rank()))
-        os.replace(os.path.join(where, f"{rank}.tmp"), os.path.join(where, str(rank)))
+        where = arrive(commId[:12].hex(), rank)
         deadline = time.monotonic() + 60
-        while sum(1 for n in os.listdir(where) if n.isdigit()) < ndev:
+        while not arrived(where, ndev):
             if time.monotonic() > deadline:
                 raise RuntimeError("simulated ncclCommInitRank: peers did not arrive")
             time.sleep(0.001)
+        self._connect(where, ndev, commId, rank)
+        made["bootstrap"] += 1
+
+    def _connect(self, where, ndev, commId, rank):
+        """Once every rank has come to ``where``: the communicator, from their group."""
+        world = MPI.COMM_WORLD
         ranks = [int(open(os.path.join(where, str(r))).read()) for r in range(ndev)]
         group = world.Get_group().Incl(ranks)
         # from the group alone (MPI 4), as NCCL bootstraps without MPI: a failed rank
@@ -141,13 +168,9 @@ class NcclCommunicator:
                                            & 0x3FFF)
         group.Free()
         _wait(self.comm.Ibarrier(), "ncclCommInitRank")
-        if rank == 0:
-            for name in os.listdir(where):
-                os.remove(os.path.join(where, name))
-            os.rmdir(where)
+        leave(where, rank)
         self.rank, self.ndev, self.pending = rank, ndev, []
         self.aborted = False
-        made["bootstrap"] += 1
 
     @classmethod
     def _from_split(cls, comm, rank, ndev):

@@ -1,0 +1,1 @@
+"""Simulated NVIDIA nccl4py (only its low-level ``nccl.bindings.nccl``)."""

@@ -1,0 +1,1 @@
+"""Simulated ``nccl.bindings``."""
