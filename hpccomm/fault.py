@@ -152,12 +152,17 @@ def _revoked(comm: Any) -> bool:
 def _replace(pg: ProcessGroup, comm: Any, failed: bool) -> ProcessGroup:
     """The group of ``comm`` in place of ``pg`` (the default group if ``pg`` is it)."""
     backend, desc = pg.backend_string(), f"{pg.group_desc}:shrunk"
-    if failed:  # its GPU communicators hold the dead: abort them, never wait for them
-        pg.abort_devices()
+    # NCCL shrinks its own where it can (no bootstrap); after a failure the old device
+    # communicators hold the dead: aborted, never waited for
+    shrunk = pg.shrink_devices(comm, failed)
     if pg is registry.world:
         from .init import replace_default_group
 
-        return replace_default_group(comm, desc, failed)
-    name, timeout = f"{pg.group_name}:shrunk", pg.timeout  # the same on every member
-    destroy(pg)
-    return from_communicator(comm, name, timeout, backend, desc)
+        new = replace_default_group(comm, desc, failed)
+    else:
+        name, timeout = f"{pg.group_name}:shrunk", pg.timeout  # the same on every member
+        destroy(pg)
+        new = from_communicator(comm, name, timeout, backend, desc)
+    for device, made in shrunk.items():
+        new.keep_device(device, made)
+    return new

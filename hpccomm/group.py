@@ -99,9 +99,9 @@ class ProcessGroup:
         except Exception as exc:
             raise DistBackendError(f"rank {self._rank} of group '{self.group_name}': "
                                    f"cannot start backend '{name}' for {device}: {exc}") from exc
-        return self._keep(device, made)
+        return self.keep_device(device, made)
 
-    def _keep(self, device: str, made: Any) -> Any:
+    def keep_device(self, device: str, made: Any) -> Any:
         """Keep ``made`` as this group's communicator for ``device`` arrays."""
         self._communicators[device] = made
         if device == "cuda":
@@ -129,7 +129,26 @@ class ProcessGroup:
             except Undescribed as exc:
                 raise described(self.at(op), exc, advice) from None
             if child is not None and made is not None:
-                child._keep(device, made)
+                child.keep_device(device, made)
+
+    def shrink_devices(self, comm: Any, failed: bool) -> Dict[str, Any]:
+        """Device communicators for the group of ``comm`` (this group's ranks but some,
+        in order: ``shrink_group``'s), by device, made by shrinking this group's where a
+        backend shrinks its own (NCCL's ``ncclCommShrink``, through nccl4py: no new
+        bootstrap); the others are made on first use. After a failure (``failed``) every
+        device communicator of this group is then aborted (:meth:`abort_devices`).
+        Called by the ranks of ``comm`` only, once they have met."""
+        made: Dict[str, Any] = {}
+        shrinkable = {device: source for device, source in self._communicators.items()
+                      if getattr(source, "shrinkable", lambda: False)()}
+        if shrinkable:
+            kept = set(mpi_backend().ranks_in(comm, self.comm))
+            exclude = [r for r in range(self.size()) if r not in kept]
+            for device, source in shrinkable.items():
+                made[device] = source.shrink(comm, exclude, failed, self.timeout)
+        if failed:
+            self.abort_devices()
+        return made
 
     def abort_devices(self) -> None:
         """Abort the device communicators whose abort is local (NCCL's ``ncclCommAbort``

@@ -340,7 +340,7 @@ NCCL_BLOCKING_WAIT = _declare(
 NCCL_BINDING = _declare(
     "NCCL_BINDING", choice("cupy", "nccl4py"), "cupy", "GPU backend creation",
     "Which binding makes and calls NCCL communicators: CuPy's, or NVIDIA's nccl4py "
-    "(needed for nonblocking and many-root creation).")
+    "(needed for nonblocking and many-root creation, and ncclCommShrink).")
 NCCL_NONBLOCKING = _declare(
     "NCCL_NONBLOCKING", FLAG, False, "GPU backend creation",
     "Nonblocking NCCL communicators (nccl4py): a creation past the timeout raises "

@@ -140,6 +140,35 @@ def test_a_nonblocking_split_that_never_ends_times_out_and_the_parent_fails_on_t
         dist.destroy_process_group(parent)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_planned_shrink_shrinks_the_nccl_communicator(dist, sim, nccl4py, rank, size):
+    """NCCL 2.27 (simulated): ``shrink_group([last])`` makes the smaller group's NCCL
+    communicator by ``ncclCommShrink`` of the old one (a planned shrink: the default
+    flag), called by the ranks that stay; no unique id, no new creation, and its
+    collective is right."""
+    import cupy.cuda.nccl as simulated
+
+    version, simulated.VERSION = simulated.VERSION, 22703
+    last = size - 1
+    parent = dist.new_group(list(range(size)), backend=GPU)
+    try:
+        assert summed(sim, dist, parent, 1) == size
+        if rank == last:  # excluded: does not call shrink_group, as torch requires
+            dist.destroy_process_group(parent)
+        else:
+            shrinks, created = list(nccl4py.made["shrink"]), dict(nccl4py.made)
+            smaller = dist.shrink_group([last], group=parent)
+            assert nccl4py.made["shrink"] == shrinks + [0], nccl4py.made  # SHRINK_DEFAULT
+            assert summed(sim, dist, smaller, rank + 1) == sum(range(1, size))
+            assert all(nccl4py.made[k] == created[k] for k in ("blocking", "nonblocking"))
+            dist.destroy_process_group(smaller)
+        dist.barrier()
+    finally:
+        simulated.VERSION = version
+        if parent.live:
+            dist.destroy_process_group(parent)
+
+
 @pytest.mark.skipif(REAL_CUPY, reason="a real CuPy is installed: the simulation is not used")
 def test_every_gpu_collective_runs_through_nonblocking_nccl4py_communicators():
     """``tests/test_gpu_collectives.py``'s simulated NCCL cases as a job of 2 ranks whose

@@ -69,11 +69,12 @@ STUB = r"""
 int ncclGetVersion(int *version) { *version = %d; return 0; }
 const char *ncclGetErrorString(int result) { return "stub"; }
 const char *ncclGetLastError(void *comm) { return ""; }
+int ncclCommGetAsyncError(void *comm, int *state) { *state = 0; return 0; }
 """ + "".join(f"int {name}(void) {{ usleep({CREATION_MS * 1000}); return 0; }}\n"
               for name in ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommSplit")
               ) + "".join(f"int {name}(void) {{ return 0; }}\n" for name in (
     "ncclAllGather", "ncclAllReduce", "ncclBcast", "ncclBroadcast", "ncclCommAbort",
-    "ncclCommCount", "ncclCommCuDevice", "ncclCommDestroy", "ncclCommGetAsyncError",
+    "ncclCommCount", "ncclCommCuDevice", "ncclCommDestroy",
     "ncclCommInitAll", "ncclCommShrink", "ncclCommInitRankScalable", "ncclCommRevoke",
     "ncclCommFinalize", "ncclCommUserRank", "ncclGetUniqueId", "ncclGroupEnd",
     "ncclGroupStart", "ncclRecv", "ncclReduce", "ncclReduceScatter", "ncclSend"))
@@ -238,6 +239,17 @@ def calls(cupy_nccl, nccl4py, library, stub):
         keep.append(wrapped)
         variants["nccl4py"] = lambda: nccl4py.all_reduce(send, recv, count, f32, total,
                                                          wrapped, stream)
+        # what hpccomm calls with HPCCOMM_NCCL_BINDING=nccl4py, and with
+        # HPCCOMM_NCCL_NONBLOCKING=1 (each call then followed by one state query)
+        from hpccomm.backends.cuda.nccl4py_binding import NcclCommunicator
+
+        for nonblocking in (False, True):
+            adopted = NcclCommunicator._adopt(wrapped, nonblocking, None)
+            keep.append(adopted)
+            name = ("hpccomm's nccl4py binding, nonblocking (+ ncclCommGetAsyncError)"
+                    if nonblocking else "hpccomm's nccl4py binding")
+            variants[name] = (lambda c: lambda: c.allReduce(send, recv, count, f32, total,
+                                                             stream))(adopted)
     return variants, sync, keep
 
 

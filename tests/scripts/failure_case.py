@@ -145,11 +145,13 @@ def survive():
 def gpu_survive():
     """ULFM with the simulated GPU: the default group has its NCCL communicator when the
     victim dies; the survivors shrink, which aborts the old NCCL communicators (never
-    waiting for the dead), and their next GPU collective makes the survivors' own."""
+    waiting for the dead), and their next GPU collective makes the survivors' own; or,
+    through nccl4py on NCCL 2.27 (``HPCCOMM_NCCL_BINDING=nccl4py``,
+    ``SIM_NCCL_VERSION=22703``), the shrink makes it (``ncclCommShrink``) before the old
+    one is aborted."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))), "gpu_sim"))
     import cupy
-    from cupy.cuda import nccl
 
     dist, rank, _ = plain()
     size = dist.get_world_size()
@@ -161,13 +163,27 @@ def gpu_survive():
         until_the_victim_dies(rank, 20, lambda: dist.all_reduce(x))
     except dist.ProcessFailedError as exc:
         say(rank, f"failed={exc.failed_ranks}")
-    made = nccl.made["bootstrap"]
+    made = made_so_far()
     dist.shrink_group()
     y = cupy.asarray(np.full(2, float(rank), np.float32))
     dist.all_reduce(y)
+    now = made_so_far()
     say(rank, f"aborted={all(m.aborted for m in old)}", f"gpu_sum={float(y[0]):g}",
-        f"bootstraps={nccl.made['bootstrap'] - made}")
+        f"bootstraps={now[0] - made[0]}", f"shrinks={now[1][len(made[1]):]}")
     dist.destroy_process_group()
+
+
+def made_so_far():
+    """(NCCL communicators made from unique ids, the flags of each ``ncclCommShrink``) on
+    the simulated GPU so far, through CuPy or, with ``HPCCOMM_NCCL_BINDING=nccl4py``,
+    through nccl4py."""
+    if os.environ.get("HPCCOMM_NCCL_BINDING") == "nccl4py":
+        from nccl.bindings import nccl as nccl4py
+
+        return nccl4py.made["blocking"], list(nccl4py.made["shrink"])
+    from cupy.cuda import nccl
+
+    return nccl.made["bootstrap"], []
 
 
 def gpu_stall():

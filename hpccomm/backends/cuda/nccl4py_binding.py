@@ -16,6 +16,8 @@ What it adds to CuPy's binding:
   :attr:`NcclCommunicator.deadline` when not.
 * **Creation from several roots** (``ncclCommInitRankScalable``): a list of unique ids
   instead of one.
+* **Shrink** (``ncclCommShrink``, NCCL 2.27): the communicator of the survivors, or of a
+  planned subset, without a new bootstrap.
 
 Unique ids cross this module as 128 ``bytes``, as with CuPy. Nothing is imported until the
 binding is chosen: nccl4py is an optional package.
@@ -40,6 +42,11 @@ NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
  NCCL_FLOAT32, NCCL_FLOAT64, NCCL_BFLOAT16) = range(10)
 #: The color of a rank that joins no part of a split (``NCCL_SPLIT_NOCOLOR``).
 NOCOLOR = -1
+#: ``ncclCommShrink``'s flags: a planned shrink, and one after a failure (the parent's
+#: operations in flight are aborted first).
+SHRINK_DEFAULT, SHRINK_ABORT = 0, 1
+#: The first NCCL release with ``ncclCommShrink`` (``major * 10000 + minor * 100``).
+SHRINK_SINCE = 22700
 
 _lib: Any = None
 _depth = 0                      # ncclGroupStart nesting
@@ -96,7 +103,8 @@ def groupEnd() -> None:
     if _depth == 0 and _grouped:
         called, _grouped[:] = list(_grouped), []
         for comm in called:
-            comm._progress("ncclGroupEnd")
+            if comm.nonblocking:
+                comm._progress("ncclGroupEnd")
 
 
 def _stalled(what: str, seconds: float) -> BaseException:
@@ -132,6 +140,7 @@ class NcclCommunicator:
     @classmethod
     def _adopt(cls, handle: Any, nonblocking: bool, deadline: Optional[float]
                ) -> "NcclCommunicator":
+        lib()  # loaded once: the calls below use it directly
         self = cls.__new__(cls)
         self.handle, self.nonblocking, self.deadline = handle, nonblocking, deadline
         self.on_stall, self.aborted = _stalled, False
@@ -172,14 +181,13 @@ class NcclCommunicator:
                 time.sleep(0.0005)
 
     def _progress(self, what: str) -> None:
-        """After a call on a nonblocking communicator: wait until it is enqueued."""
-        if not self.nonblocking:
-            return
+        """After a call on a nonblocking communicator: wait until it is enqueued (one
+        state query when it is, the usual case)."""
         if _depth:
             if self not in _grouped:
                 _grouped.append(self)
             return
-        if self.state() == SUCCESS:
+        if _lib.comm_get_async_error(self.handle) == SUCCESS:
             return
         if not self.settle(self.deadline):
             raise self.on_stall(what, self.deadline or 0.0)
@@ -187,36 +195,43 @@ class NcclCommunicator:
     # -- CuPy's methods ------------------------------------------------------------------
     def allReduce(self, send: int, recv: int, count: int, dtype: int, op: int,
                   stream: int) -> None:
-        lib().all_reduce(send, recv, count, dtype, op, self.handle, stream)
-        self._progress("ncclAllReduce")
+        _lib.all_reduce(send, recv, count, dtype, op, self.handle, stream)
+        if self.nonblocking:
+            self._progress("ncclAllReduce")
 
     def reduce(self, send: int, recv: int, count: int, dtype: int, op: int, root: int,
                stream: int) -> None:
-        lib().reduce(send, recv, count, dtype, op, root, self.handle, stream)
-        self._progress("ncclReduce")
+        _lib.reduce(send, recv, count, dtype, op, root, self.handle, stream)
+        if self.nonblocking:
+            self._progress("ncclReduce")
 
     def broadcast(self, send: int, recv: int, count: int, dtype: int, root: int,
                   stream: int) -> None:
-        lib().broadcast(send, recv, count, dtype, root, self.handle, stream)
-        self._progress("ncclBroadcast")
+        _lib.broadcast(send, recv, count, dtype, root, self.handle, stream)
+        if self.nonblocking:
+            self._progress("ncclBroadcast")
 
     def reduceScatter(self, send: int, recv: int, count: int, dtype: int, op: int,
                       stream: int) -> None:
-        lib().reduce_scatter(send, recv, count, dtype, op, self.handle, stream)
-        self._progress("ncclReduceScatter")
+        _lib.reduce_scatter(send, recv, count, dtype, op, self.handle, stream)
+        if self.nonblocking:
+            self._progress("ncclReduceScatter")
 
     def allGather(self, send: int, recv: int, count: int, dtype: int,
                   stream: int) -> None:
-        lib().all_gather(send, recv, count, dtype, self.handle, stream)
-        self._progress("ncclAllGather")
+        _lib.all_gather(send, recv, count, dtype, self.handle, stream)
+        if self.nonblocking:
+            self._progress("ncclAllGather")
 
     def send(self, buf: int, count: int, dtype: int, peer: int, stream: int) -> None:
-        lib().send(buf, count, dtype, peer, self.handle, stream)
-        self._progress("ncclSend")
+        _lib.send(buf, count, dtype, peer, self.handle, stream)
+        if self.nonblocking:
+            self._progress("ncclSend")
 
     def recv(self, buf: int, count: int, dtype: int, peer: int, stream: int) -> None:
-        lib().recv(buf, count, dtype, peer, self.handle, stream)
-        self._progress("ncclRecv")
+        _lib.recv(buf, count, dtype, peer, self.handle, stream)
+        if self.nonblocking:
+            self._progress("ncclRecv")
 
     def commSplit(self, color: int, key: int) -> Optional["NcclCommunicator"]:
         """``ncclCommSplit`` (collective over this communicator), the child as blocking
@@ -225,6 +240,16 @@ class NcclCommunicator:
         handle = lib().comm_split(self.handle, color, key, _config(not self.nonblocking))
         if color == NOCOLOR or not handle:
             return None
+        return NcclCommunicator._adopt(handle, self.nonblocking, self.deadline)
+
+    def commShrink(self, exclude: Sequence[int], after_failure: bool) -> "NcclCommunicator":
+        """``ncclCommShrink`` (NCCL 2.27): the communicator of this one's ranks but
+        ``exclude`` (their ranks here), called by those ranks only, as blocking as this
+        one (nonblocking: done when its :meth:`settle` says so). ``after_failure``:
+        :data:`SHRINK_ABORT`, which first aborts what this communicator had in flight."""
+        handle = lib().comm_shrink(self.handle, [int(r) for r in exclude], len(exclude),
+                                   _config(not self.nonblocking),
+                                   SHRINK_ABORT if after_failure else SHRINK_DEFAULT)
         return NcclCommunicator._adopt(handle, self.nonblocking, self.deadline)
 
     def check_async_error(self) -> None:

@@ -147,6 +147,36 @@ class Communicators:
         adopted._created.append(made)
         return adopted
 
+    def shrinkable(self) -> bool:
+        """Whether :meth:`shrink` makes the shrunk group's communicator here: the group's
+        NCCL communicator exists and works, through nccl4py, on NCCL 2.27 or later."""
+        return (self.nccl is nccl4py_binding and self._comm is not None
+                and self.failure is None and not self._closed
+                and self.nccl.get_version() >= nccl4py_binding.SHRINK_SINCE)
+
+    def shrink(self, child: Any, exclude: List[int], after_failure: bool,
+               timeout: Optional[float]) -> Any:
+        """The NCCL communicator of ``child`` (the MPI communicator of this group's ranks
+        but ``exclude``, in order: ``shrink_group``'s), made by ``ncclCommShrink`` of this
+        group's: no unique id, no bootstrap. Called by ``child``'s ranks only, once they
+        have met (ULFM's agreement, or ``shrink_group``'s meeting), when
+        :meth:`shrinkable`; under ``timeout`` as any creation."""
+        what = (f"NCCL communicator shrink (this group's without group rank(s) "
+                f"{', '.join(map(str, exclude))}) (ncclCommShrink)")
+        within = self.timeout if timeout is None else timeout
+        if self.nonblocking:
+            with self._lock, self._dev:
+                made = self._comm.commShrink(exclude, after_failure)
+            self._settle(made, what, within)
+        else:
+            with self._lock, self._dev, deadline.bounded(what, self.rank, self.size,
+                                                         within):
+                made = self._comm.commShrink(exclude, after_failure)
+        adopted = type(self)(child, timeout)
+        adopted._comm = made
+        adopted._created.append(made)
+        return adopted
+
     # -- failure and life cycle ---------------------------------------------------------------
     def async_error(self) -> Optional[str]:
         """NCCL's asynchronous error of any of our communicators, as text (or ``None``)."""

@@ -15,7 +15,7 @@ from mpi4py import MPI
 from cupy.cuda import nccl as sim
 
 SUCCESS, IN_PROGRESS = 0, 7
-made = {"nonblocking": 0, "blocking": 0, "scalable_ids": [], "split": 0}
+made = {"nonblocking": 0, "blocking": 0, "scalable_ids": [], "split": 0, "shrink": []}
 if os.environ.get("SIM_NCCL4PY_REPORT"):  # for a test that runs others as a job
     atexit.register(lambda: print(f"simulated nccl4py: {made['nonblocking']} nonblocking, "
                                   f"{len(made['scalable_ids'])} from several roots",
@@ -77,17 +77,18 @@ def get_last_error(comm):
     return ""
 
 
-def _blocking(comm, config):
-    """A blocking creation or split: poll here until it is done."""
+def _blocking(comm, config, counted=True):
+    """A blocking creation or split: poll here until it is done. ``counted``: a
+    creation from unique ids, counted in ``made`` by kind."""
     if config.blocking != 0:
         deadline = sim.time.monotonic() + sim.TIMEOUT_S
         while comm_get_async_error(comm) == IN_PROGRESS:
             if sim.time.monotonic() > deadline:
                 raise NCCLError("simulated NCCL creation: peers did not arrive")
             sim.time.sleep(0.001)
-        made["blocking"] += 1
+        made["blocking"] += counted
     else:
-        made["nonblocking"] += 1
+        made["nonblocking"] += counted
     return comm
 
 
@@ -158,8 +159,40 @@ def comm_split(comm, color, key, config):
             child.name = "done"
         return True
     comm.pending = child.pending = connect
-    _blocking(child if color >= 0 else comm, config)
+    _blocking(child if color >= 0 else comm, config, counted=False)
     return child if color >= 0 else Comm()
+
+
+def comm_shrink(comm, exclude_ranks_list, exclude_ranks_count, config, shrink_flags):
+    """The ranks of ``comm`` but the excluded come to a rendezvous of their own, then make
+    their MPI communicator from their group alone (a dead rank among the excluded takes
+    no part). ``made["shrink"]`` records the flags of each."""
+    excluded = sorted(int(r) for r in exclude_ranks_list[:exclude_ranks_count])
+    parent = comm.sim
+    kept = [r for r in range(parent.ndev) if r not in excluded]
+    name = f"{comm.name}x{'-'.join(map(str, excluded))}"
+    child = Comm(name)
+    where = sim.arrive(name, kept.index(parent.rank))
+    child.came = where, kept.index(parent.rank)
+    world_ranks = parent.comm.Get_group().Translate_ranks(
+        kept, MPI.COMM_WORLD.Get_group())
+
+    def connect():
+        if not sim.arrived(where, len(kept)):
+            return False
+        child.came = None
+        group = MPI.COMM_WORLD.Get_group().Incl(list(world_ranks))
+        from hpccomm.mpi_level import helper_lock
+
+        with helper_lock:
+            mpi = MPI.Intracomm.Create_from_group(group, "sim-nccl-" + name[-40:])
+        group.Free()
+        sim.leave(where, kept.index(parent.rank))
+        child.sim = sim.NcclCommunicator._from_split(mpi, mpi.Get_rank(), mpi.Get_size())
+        return True
+    child.pending = connect
+    made["shrink"].append(shrink_flags)
+    return _blocking(child, config, counted=False)
 
 
 def comm_abort(comm):
