@@ -131,7 +131,9 @@ def test_a_nonblocking_split_that_never_ends_times_out_and_the_parent_fails_on_t
             dist.split_group(parent, [list(range(size))])
         assert time.monotonic() - start < 1.5 + 1.5
         simulated.STALL = ""
-        assert "its 1st (ncclCommSplit)) did not finish within 1.5 s" in str(caught.value)
+        for needle in ("its 1st (ncclCommSplit)) did not finish within 1.5 s",
+                       "the group it was split from, which were mid-split"):
+            assert needle in str(caught.value), (needle, str(caught.value))
         with pytest.raises(dist.DistError, match="ncclCommAbort"):
             summed(sim, dist, parent, 1)
         dist.barrier(group=parent)
@@ -171,20 +173,22 @@ def test_a_planned_shrink_shrinks_the_nccl_communicator(dist, sim, nccl4py, rank
 
 @pytest.mark.skipif(REAL_CUPY, reason="a real CuPy is installed: the simulation is not used")
 def test_every_gpu_collective_runs_through_nonblocking_nccl4py_communicators():
-    """``tests/test_gpu_collectives.py``'s simulated NCCL cases as a job of 2 ranks whose
-    communicators are nonblocking nccl4py ones, made from one id per rank: every
-    operation, batch, staged dtype and the watchdog's abort through the binding, each
-    call followed by its state query."""
+    """``tests/test_gpu_collectives.py``'s simulated NCCL cases as a job of 3 ranks whose
+    communicators are nonblocking nccl4py ones, the group's made from one id per rank
+    (a pair's, for a first send, from one): every operation, batch, staged dtype and the
+    watchdog's abort through the binding, each call followed by its state query."""
     job = run_job([sys.executable, "-m", "pytest", "-q", "--color=no", "-p",
                    "no:cacheprovider", "--with-mpi", "-k", "sim-nccl",
-                   "tests/test_gpu_collectives.py"], 2, limit=150,
+                   "tests/test_gpu_collectives.py"], 3, limit=150,
                   env={"HPCCOMM_NCCL_NONBLOCKING": "1", "HPCCOMM_NCCL_RANKS_PER_ROOT": "1",
                        "SIM_NCCL4PY_REPORT": "1"})
     assert job.code == 0 and " passed" in job.output, job.output[-5000:]
     assert "failed" not in job.output and " error" not in job.output, job.output[-5000:]
     made = re.findall(r"simulated nccl4py: (\d+) nonblocking, (\d+) from several roots",
                       job.output)
-    assert len(made) == 2 and all(int(a) > 0 and a == b for a, b in made), job.output[-3000:]
+    counts = [(int(a), int(b)) for a, b in made]  # a pair's communicator has one id
+    assert len(counts) == 3 and all(a >= b > 0 for a, b in counts), job.output[-3000:]
+    assert any(a > b for a, b in counts), counts
 
 
 @pytest.mark.parametrize("size,roots", [(1, 1), (5, 1), (5, 2), (7, 3), (8, 4), (300, 3),

@@ -46,11 +46,12 @@ class Communicators:
         block of ranks: :func:`.shared_gpu.root_ids`), its creation under the group's
         timeout: polled, then aborted, if nonblocking (:meth:`_settle`), else watched
         (:func:`.deadline.bounded`)."""
-        roots = nccl4py_binding.roots_for(len(members), self.ranks_per_root)
+        whole = len(members) == self.size  # the group's own (else a pair's)
+        roots = nccl4py_binding.roots_for(self.size, self.ranks_per_root) if whole else 1
         uid = shared_gpu.meet(self.mpi_comm, members, key, self.cp, self.device,
                               self.timeout, self.nccl.get_unique_id if roots == 1 else None)
         what = shared_gpu.creation(key, members)
-        if roots > 1:  # the group's own communicator (pairs are never this large)
+        if roots > 1:
             uid = shared_gpu.root_ids(self.mpi_comm, roots, self.nccl.get_unique_id,
                                       self.timeout, what)
         me = members.index(self.rank)
@@ -76,11 +77,15 @@ class Communicators:
         made.abort()
         if made in self._created:
             self._created.remove(made)
+        outcome = "It was aborted (ncclCommAbort); the group stays usable for CPU arrays."
         if parent:
             self.fail(None, f"{what} did not finish within {timeout:g} s")
+            outcome = ("It was aborted (ncclCommAbort), and so were the NCCL "
+                       "communicators of the group it was split from, which were mid-split: "
+                       "that group's GPU operations raise from now on, its CPU arrays still "
+                       "work.")
         raise DistTimeoutError(deadline.message(what, self.rank, self.size, timeout,
-                                                "It was aborted (ncclCommAbort); the group "
-                                                "stays usable for CPU arrays."))
+                                                outcome))
 
     def _stalled(self, what: str, seconds: float) -> BaseException:
         """A call on a nonblocking communicator stayed in progress past the timeout: the
