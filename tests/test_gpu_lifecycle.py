@@ -223,9 +223,9 @@ def test_a_group_splits_its_nccl_communicator_on_the_gpu(dist, rank, size):
     has its NCCL communicator before its first collective, and that collective is right."""
     import cupy
 
-    from hpccomm.backends.cuda import nccl
+    from hpccomm.backends.cuda import nccl, nccl_life
 
-    if not nccl.can_split(nccl.nccl_module()):
+    if not nccl_life.can_split(nccl.binding()):
         pytest.skip(f"this CuPy and NCCL {nccl.version()} cannot split (ncclCommSplit needs "
                     f"NCCL 2.18 and CuPy 14)")
     parent = dist.new_group(list(range(size)), backend=GPU)

@@ -197,12 +197,12 @@ def gpu_section() -> Section:
         except Exception as exc:
             section[key] = f"unknown ({type(exc).__name__}: {exc})"
     try:
-        from ..backends.cuda import nccl as nccl_backend
+        from ..backends.cuda import nccl as nccl_backend, nccl_life
 
         section["NCCL"] = ".".join(map(str, nccl_backend.version()))
         section["NCCL split"] = (
             "yes: groups split from their parent's communicator (ncclCommSplit)"
-            if nccl_backend.can_split(nccl_backend.nccl_module()) else
+            if nccl_life.can_split(nccl_backend.nccl_module()) else
             "no: every group bootstraps its own communicator (splitting needs NCCL 2.18 "
             "and CuPy 14)")
     except Exception as exc:

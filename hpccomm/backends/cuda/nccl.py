@@ -37,7 +37,7 @@ from ...errors import DistBackendError, DistError, DistValueError
 from ...types import RedOpType
 from ...work import Work
 from . import device as _cuda, nccl4py_binding, nccl_lib
-from .nccl_life import Communicators, can_split  # noqa: F401 (can_split: for callers)
+from .nccl_life import Communicators
 from .nccl_plan import UFUNC, Plan, make_plan, offsets
 from ..base import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, REDUCE, REDUCE_SCATTER,
                     Communicator)
@@ -150,8 +150,8 @@ class NCCLCommunicator(Communicators, Communicator):
     def set_timeout(self, seconds: Optional[float]) -> None:
         super().set_timeout(seconds)
         self.watchdog.timeout = seconds
-        for made in self._created:
-            if self.nonblocking:
+        if self.nonblocking:
+            for made in self._created:
                 made.deadline = seconds
 
     def _p2p(self, peer: int) -> Tuple[Any, int]:

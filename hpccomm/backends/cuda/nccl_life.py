@@ -20,8 +20,6 @@ from ...errors import DistBackendError, DistError, DistTimeoutError
 from ...work import Work
 from . import deadline, device as _cuda, nccl4py_binding, shared_gpu
 
-#: The color of a rank that joins no part of a split (``NCCL_SPLIT_NOCOLOR``).
-NOCOLOR = -1
 #: The first NCCL release with ``ncclCommSplit`` (as ``major * 10000 + minor * 100``).
 SPLIT_SINCE = 21800
 
@@ -129,7 +127,7 @@ class Communicators:
         key = f"split {self._splits}"
         shared_gpu.meet(self.mpi_comm, list(range(self.size)), key, self.cp, self.device,
                         self.timeout if timeout is None else timeout, None)
-        color, rank = NOCOLOR, 0
+        color, rank = nccl4py_binding.NOCOLOR, 0
         if child is not None:
             from ..mpi.plumbing import ranks_in
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ...errors import DistBackendError, DistTimeoutError, NeverCame
 from ..mpi import meeting
+from .nccl4py_binding import root_index
 
 #: Bytes of one rank's record in the exchange (``world\tdevice\thost\tuuid``, NUL-padded).
 RECORD_BYTES = 512
@@ -203,7 +204,6 @@ def root_ids(comm: Any, roots: int, unique_id: Callable[[], bytes],
     from mpi4py import MPI
 
     from ...work import Work
-    from .nccl4py_binding import root_index
 
     size = comm.Get_size()
     mine = np.frombuffer(unique_id() if root_index(comm.Get_rank(), size, roots) >= 0
