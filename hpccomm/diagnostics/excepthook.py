@@ -13,8 +13,9 @@ The traceback must survive the abort, so it is written to the process's real sta
 error, file descriptor 2, whatever ``sys.stderr`` points at (torch's own excepthook
 points it at a buffer that it prints only after this hook returns, which an abort never
 does). When that descriptor is a pipe or a socket, as it is under every launcher, the
-hook then waits, for at most :data:`DRAIN_S` seconds, until the launcher has read what
-was written: an abort that overtakes the launcher's read loses the output with the job.
+hook then waits, for at most :data:`hpccomm.ending.DRAIN_S` seconds, until the launcher
+has read what was written: an abort that overtakes the launcher's read loses the output
+with the job (:func:`hpccomm.ending.end_job`).
 
 This module never initializes MPI. If MPI was not initialized yet on the failing rank
 (the exception came before ``init_process_group``), the rank kills itself with SIGTERM
@@ -23,30 +24,18 @@ when a rank dies of a signal, whereas an exit status alone leaves the others wai
 """
 from __future__ import annotations
 
-import array
-import os
-import signal
-import stat
 import sys
 import threading
-import time
 import traceback
 from types import TracebackType
 from typing import Any, Callable, Optional, Type
 
 from .. import launcher_env, settings
+from ..ending import end_job, flush_python_streams, mpi_if_running, write_stderr
 from ..errors import DistValueError
 
 #: Set to 1/true/yes to keep Python's default behaviour (no abort).
 OPT_OUT_ENV = settings.NO_ABORT_ON_EXCEPTION.name
-
-#: The longest wait for the launcher to read this rank's last output before the abort.
-DRAIN_S = 3.0
-
-# ioctl requests that tell how many written bytes nobody has read yet (Linux numbers;
-# FIONREAD on a pipe counts the pipe's whole content, from either end).
-_FIONREAD = 0x541B
-_SIOCOUTQ = 0x5411
 
 _previous: Optional[Callable[..., Any]] = None
 _previous_thread: Optional[Callable[..., Any]] = None
@@ -57,20 +46,9 @@ def opted_out() -> bool:
     return settings.NO_ABORT_ON_EXCEPTION.get()
 
 
-def _mpi_if_running() -> Any:
-    """The ``mpi4py.MPI`` module if MPI is initialized and not finalized, else ``None``."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None:
-        return None
-    try:
-        return mpi if mpi.Is_initialized() and not mpi.Is_finalized() else None
-    except Exception:  # a broken MPI state must not hide the user's traceback
-        return None
-
-
 def rank_label() -> str:
     """``"rank R of N"`` from MPI if it runs, else from the launcher's environment."""
-    mpi = _mpi_if_running()
+    mpi = mpi_if_running()
     if mpi is not None:
         return f"rank {mpi.COMM_WORLD.Get_rank()} of {mpi.COMM_WORLD.Get_size()}"
     return f"rank {_stated_rank()}"
@@ -86,116 +64,17 @@ def _stated_rank() -> str:
     return "?" if rank is None else str(rank)
 
 
-def _unread(fd: int) -> int:
-    """Bytes written to ``fd`` that its reader has not taken yet (0 when unknowable)."""
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISFIFO(mode):
-            request = _FIONREAD
-        elif stat.S_ISSOCK(mode):
-            request = _SIOCOUTQ
-        else:  # a file or a terminal keeps what was written
-            return 0
-        import fcntl
-
-        count = array.array("i", [0])
-        fcntl.ioctl(fd, request, count, True)
-        return count[0]
-    except (OSError, ImportError, ValueError):
-        return 0
-
-
-def drain(fds: tuple = (1, 2), limit: float = DRAIN_S) -> bool:
-    """Wait until whoever reads ``fds`` (the launcher) has read everything written to them.
-
-    Returns ``False`` if output was still unread after ``limit`` seconds. Polls every
-    5 ms: this runs once, on the way out of a failing process.
-    """
-    deadline = time.monotonic() + limit
-    for fd in fds:
-        while _unread(fd) > 0:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-    return True
-
-
-def write_stderr(text: str) -> None:
-    """Write ``text`` to the real standard error (fd 2), bypassing any ``sys.stderr`` swap.
-
-    A ``sys.stderr`` that a program pointed at a file of its own gets the text too.
-    """
-    data = text.encode("utf-8", "replace")
-    while data:
-        try:
-            written = os.write(2, data)
-        except InterruptedError:
-            continue
-        except OSError:
-            break
-        data = data[written:]
-    stream = sys.stderr
-    try:
-        own_file = stream is not None and stream.fileno() != 2
-    except Exception:  # a StringIO (torch's excepthook buffer), a closed stream...
-        own_file = False
-    if own_file:
-        try:
-            stream.write(text)
-            stream.flush()
-        except Exception:
-            pass
-
-
-def _flush_python_streams() -> None:
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:
-            pass
-
-
-def abort(code: int = 1, message: str = "") -> None:
-    """End the whole job now: print ``message``, let the launcher read it, ``MPI_Abort``.
-
-    Without MPI running, under a launcher the process kills itself with SIGTERM (which
-    the launcher turns into the end of the job), else it exits with ``code``.
-    Reusable by anything that must stop every rank (a watchdog, a timeout handler).
-    """
-    _flush_python_streams()
-    if message:
-        write_stderr(message if message.endswith("\n") else message + "\n")
-    drain()
-    mpi = _mpi_if_running()
-    if mpi is not None:
-        mpi.COMM_WORLD.Abort(code)
-    if _under_launcher():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-    os._exit(code)
-
-
-def _under_launcher() -> bool:
-    """Whether a launcher started this process as one of several ranks."""
-    try:
-        stated = launcher_env.launcher_rank()
-    except DistValueError:  # a malformed rank variable: no launcher that can be trusted
-        return False
-    return stated is not None and stated[1] > 1
-
-
 def _report(where: str, exc_type: Type[BaseException], exc: Optional[BaseException],
             tb: Optional[TracebackType]) -> None:
     """Print the traceback (and abort the job unless opted out)."""
     text = f"hpccomm: uncaught exception {where}:\n" + "".join(
         traceback.format_exception(exc_type, exc, tb))
     if opted_out():
-        _flush_python_streams()
+        flush_python_streams()
         write_stderr(_torch_prefixed(text))
         return
     label = rank_label()
-    abort(1, _torch_prefixed(text + f"hpccomm: {label} aborts the whole job; set "
+    end_job(1, _torch_prefixed(text + f"hpccomm: {label} aborts the whole job; set "
                                     f"{OPT_OUT_ENV}=1 to let the other ranks continue\n"))
 
 
@@ -205,7 +84,7 @@ def _torch_prefixed(text: str) -> str:
     hook = sys.excepthook
     if hook is _hook or getattr(hook, "__name__", "") != "_distributed_excepthook":
         return text
-    mpi = _mpi_if_running()
+    mpi = mpi_if_running()
     rank = mpi.COMM_WORLD.Get_rank() if mpi is not None else _stated_rank()
     return "".join(f"[rank{rank}]: {line}" if line.strip() else line
                    for line in text.splitlines(keepends=True))

@@ -7,26 +7,18 @@ NCCL cannot use (the wrong interface, see ``NCCL_SOCKET_IFNAME``; a firewall bet
 the nodes), or a rank that stopped in the meantime. CuPy's creation blocks and cannot
 be interrupted (there is no communicator to abort until it returns), so :func:`bounded`
 watches it from a timer thread: past the group's timeout it writes which communicator,
-on which rank, for how long and what to check to stderr, then ends the job
-(``MPI_Abort`` on the world), as torch ends a process whose NCCL work outlived its
-timeout. It runs only while a communicator is being made: no call's path pays for it.
+on which rank, for how long and what to check to stderr, waits until the launcher has
+read it, then ends the job (``MPI_Abort`` on the world: :func:`hpccomm.ending.end_job`),
+as torch ends a process whose NCCL work outlived its timeout. It runs only while a
+communicator is being made: no call's path pays for it.
 """
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from typing import Iterator, Optional
 
-
-def end_job() -> None:
-    """End the whole job from this rank: ``MPI_Abort`` on the world, else exit."""
-    try:
-        from mpi4py import MPI
-
-        MPI.COMM_WORLD.Abort(1)
-    finally:
-        os._exit(1)
+from ...ending import end_job
 
 
 def global_rank() -> str:
@@ -62,9 +54,8 @@ def bounded(what: str, rank: int, size: int, timeout: Optional[float]) -> Iterat
     def expire() -> None:
         if finished.is_set():
             return
-        os.write(2, (message(what, rank, size, timeout, "NCCL's own creation cannot be "
-                             "interrupted, so this rank ends the job.") + "\n").encode())
-        end_job()
+        end_job(1, message(what, rank, size, timeout, "NCCL's own creation cannot be "
+                           "interrupted, so this rank ends the job."))
 
     timer = threading.Timer(timeout, expire)
     timer.daemon = True
