@@ -141,13 +141,15 @@ class ProcessGroup:
         made: Dict[str, Any] = {}
         shrinkable = {device: source for device, source in self._communicators.items()
                       if getattr(source, "shrinkable", lambda: False)()}
-        if shrinkable:
-            kept = set(mpi_backend().ranks_in(comm, self.comm))
-            exclude = [r for r in range(self.size()) if r not in kept]
-            for device, source in shrinkable.items():
-                made[device] = source.shrink(comm, exclude, failed, self.timeout)
-        if failed:
-            self.abort_devices()
+        try:
+            if shrinkable:
+                kept = set(mpi_backend().ranks_in(comm, self.comm))
+                exclude = [r for r in range(self.size()) if r not in kept]
+                for device, source in shrinkable.items():
+                    made[device] = source.shrink(comm, exclude, failed, self.timeout)
+        finally:  # a shrink that failed or timed out leaves them holding the dead too
+            if failed:
+                self.abort_devices()
         return made
 
     def abort_devices(self) -> None:
