@@ -137,9 +137,10 @@ def test_importing_hpccomm_loads_no_nccl():
 
 
 # -- hpccomm info ------------------------------------------------------------------------------
-def _info(*paths):
+def _info(*paths, **extra):
     done = subprocess.run([sys.executable, "-m", "hpccomm", "info", "--no-mpi", "--json"],
-                          capture_output=True, text=True, timeout=60, env=_env(*paths))
+                          capture_output=True, text=True, timeout=60,
+                          env=_env(*paths, **extra))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["CuPy / NCCL / GPUs"]
 
@@ -164,6 +165,26 @@ def test_info_reports_the_cuda_nccl_and_cupy_it_loaded():
     assert "CUDA runtime" in gpu and "CUDA driver" in gpu
     assert gpu["NCCL library"].startswith(("no NCCL wheel", "from the wheel", "already"))
     assert gpu["GPUs"] == ["0: simulated, 1.0 GiB"]
+
+
+def test_info_says_which_nccl_binding_makes_the_communicators(tmp_path):
+    """CuPy's by default; nccl4py when asked, with how creation waits, the ids a large
+    group takes and what a shrink does; nccl4py asked for and missing says what to
+    install (and the rest of the report goes on)."""
+    gpu = _info(SIM_PATH)
+    if "simulated" not in gpu["cupy"]:
+        pytest.skip("a real CuPy shadows the simulated one")
+    assert gpu["NCCL binding"].startswith("CuPy's cupy.cuda.nccl: blocking creation"), gpu
+    gpu = _info(SIM_PATH, HPCCOMM_NCCL_NONBLOCKING="1", HPCCOMM_NCCL_RANKS_PER_ROOT="64")
+    line = gpu["NCCL binding"]
+    for needle in ("nccl4py ", "nonblocking creation: past the group's timeout",
+                   "one unique id per 64 ranks (ncclCommInitRankScalable)",
+                   "ncclCommShrink needs NCCL 2.27"):  # the simulation's NCCL is 2.21
+        assert needle in line, (needle, line)
+    assert gpu["NCCL split"].startswith("yes"), gpu
+    (tmp_path / "cupy").symlink_to(os.path.join(SIM_PATH, "cupy"))  # and no nccl4py
+    gpu = _info(str(tmp_path), HPCCOMM_NCCL_BINDING="nccl4py")
+    assert "pip install nccl4py" in gpu.get("NCCL binding", ""), gpu
 
 
 def test_cuda_versions_read_as_major_minor():

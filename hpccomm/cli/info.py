@@ -200,11 +200,16 @@ def gpu_section() -> Section:
         from ..backends.cuda import nccl as nccl_backend, nccl_life
 
         section["NCCL"] = ".".join(map(str, nccl_backend.version()))
+        section["NCCL binding"] = nccl_binding()
+        try:
+            used = nccl_backend.binding()
+        except Exception:  # nccl4py asked for and missing: the binding line says so
+            used = nccl_backend.nccl_module()
         section["NCCL split"] = (
             "yes: groups split from their parent's communicator (ncclCommSplit)"
-            if nccl_life.can_split(nccl_backend.nccl_module()) else
+            if nccl_life.can_split(used) else
             "no: every group bootstraps its own communicator (splitting needs NCCL 2.18 "
-            "and CuPy 14)")
+            "and CuPy 14, or nccl4py)")
     except Exception as exc:
         section["NCCL"] = f"not available ({type(exc).__name__}: {exc})"
     section["NCCL library"] = nccl_lib.status()
@@ -218,6 +223,37 @@ def gpu_section() -> Section:
         gpus.append(f"none usable ({type(exc).__name__}: {exc})")
     section["GPUs"] = gpus
     return section
+
+
+def nccl_binding() -> str:
+    """Which binding makes and calls the NCCL communicators (``HPCCOMM_NCCL_BINDING``,
+    ``HPCCOMM_NCCL_NONBLOCKING``), and what that gives: how creation waits, how many
+    unique ids a large group takes, and what ``shrink_group`` does on the GPU."""
+    from ..backends.cuda import nccl as nccl_backend, nccl4py_binding
+
+    installed = _dist_version("nccl4py")
+    try:
+        module = nccl_backend.binding()
+    except Exception as exc:  # nccl4py asked for and missing: say what to install
+        return f"none usable: {exc}"
+    if module is not nccl4py_binding:
+        other = ("not installed" if installed == "not installed" else
+                 f"{installed} installed: HPCCOMM_NCCL_BINDING=nccl4py selects it")
+        return (f"CuPy's cupy.cuda.nccl: blocking creation under the job-ending timer, "
+                f"one unique id per group, shrink by abort and recreate (nccl4py {other})")
+    creation = ("nonblocking creation: past the group's timeout a DistTimeoutError and "
+                "the process goes on" if settings.NCCL_NONBLOCKING.get() else
+                "blocking creation under the job-ending timer (HPCCOMM_NCCL_NONBLOCKING=1 "
+                "for nonblocking)")
+    if installed == "not installed":  # importable, but not from a wheel
+        installed = f"at {os.path.dirname(module.lib().__file__ or '?')}"
+    per_root = settings.NCCL_RANKS_PER_ROOT.get()
+    roots = (f"one unique id per {per_root} ranks (ncclCommInitRankScalable)" if per_root
+             else "one unique id per group")
+    shrink = ("shrink_group by ncclCommShrink"
+              if module.get_version() >= nccl4py_binding.SHRINK_SINCE else
+              "shrink by abort and recreate (ncclCommShrink needs NCCL 2.27)")
+    return f"nccl4py {installed}: {creation}, {roots}, {shrink}"
 
 
 def h5py_section() -> Section:
