@@ -23,13 +23,13 @@ from test_gpu_lifecycle import GPU, parts, sim, summed  # noqa: F401 (sim: a fix
 from hpccomm.backends.cuda.nccl4py_binding import root_index, roots_for
 
 
-@pytest.fixture(params=["nonblocking", "blocking"])
-def nccl4py(request, sim, monkeypatch):  # noqa: F811 (the fixture imported above)
-    """hpccomm on the simulated nccl4py: nonblocking communicators, or blocking ones
-    (the binding alone), each group of 2 or more ranks made from one id per rank."""
+def _on_nccl4py(kind, monkeypatch):
+    """hpccomm on the simulated nccl4py: ``"nonblocking"`` communicators, or
+    ``"blocking"`` ones (the binding alone), each group of 2 or more ranks made from one
+    id per rank; yields the simulated module, and lets every rank come again after."""
     import importlib
 
-    if request.param == "nonblocking":
+    if kind == "nonblocking":
         monkeypatch.setenv("HPCCOMM_NCCL_NONBLOCKING", "1")
     else:
         monkeypatch.setenv("HPCCOMM_NCCL_BINDING", "nccl4py")
@@ -40,11 +40,16 @@ def nccl4py(request, sim, monkeypatch):  # noqa: F811 (the fixture imported abov
     stall.STALL = ""
 
 
+@pytest.fixture(params=["nonblocking", "blocking"])
+def nccl4py(request, sim, monkeypatch):  # noqa: F811 (the fixture imported above)
+    """Nonblocking and blocking communicators, the test once with each."""
+    yield from _on_nccl4py(request.param, monkeypatch)
+
+
 @pytest.fixture
-def nonblocking(nccl4py, request):
-    if request.node.callspec.params["nccl4py"] != "nonblocking":
-        pytest.skip("about nonblocking communicators")
-    return nccl4py
+def nonblocking(sim, monkeypatch):  # noqa: F811 (the fixture imported above)
+    """Nonblocking communicators only (what a deadline can end)."""
+    yield from _on_nccl4py("nonblocking", monkeypatch)
 
 
 def same_everywhere(dist, value):
