@@ -28,7 +28,7 @@ LIMIT = 300  # DeepSpeed compiles its CPU communication op on its first run (abo
 #: recipe -> (package it needs, hpccomm's backend name for it, world sizes tested)
 CASES = {
     "lightning_trainer.py": ("lightning", "hpccomm", (2,)),
-    "lightning_fabric.py": ("lightning", "hpccomm", (2, 4)),
+    "lightning_fabric.py": ("lightning", "hpccomm", (2,)),
     "accelerate_cpu.py": ("accelerate", "mpi", (2, 4)),
     "deepspeed_cpu.py": ("deepspeed", "mpi", (2,)),
 }
