@@ -200,11 +200,12 @@ def gpu_section() -> Section:
         from ..backends.cuda import nccl as nccl_backend, nccl_life
 
         section["NCCL"] = ".".join(map(str, nccl_backend.version()))
-        section["NCCL binding"] = nccl_binding()
         try:
             used = nccl_backend.binding()
-        except Exception:  # nccl4py asked for and missing: the binding line says so
+            section["NCCL binding"] = nccl_binding(used)
+        except Exception as exc:  # nccl4py asked for and missing: say what to install
             used = nccl_backend.nccl_module()
+            section["NCCL binding"] = f"none usable: {exc}"
         section["NCCL split"] = (
             "yes: groups split from their parent's communicator (ncclCommSplit)"
             if nccl_life.can_split(used) else
@@ -225,17 +226,13 @@ def gpu_section() -> Section:
     return section
 
 
-def nccl_binding() -> str:
-    """Which binding makes and calls the NCCL communicators (``HPCCOMM_NCCL_BINDING``,
-    ``HPCCOMM_NCCL_NONBLOCKING``), and what that gives: how creation waits, how many
-    unique ids a large group takes, and what ``shrink_group`` does on the GPU."""
-    from ..backends.cuda import nccl as nccl_backend, nccl4py_binding
+def nccl_binding(module: Any) -> str:
+    """What the binding ``module`` that makes and calls the NCCL communicators
+    (``HPCCOMM_NCCL_BINDING``, ``HPCCOMM_NCCL_NONBLOCKING``) gives: how creation waits,
+    how many unique ids a large group takes, and what ``shrink_group`` does on the GPU."""
+    from ..backends.cuda import nccl4py_binding
 
     installed = _dist_version("nccl4py")
-    try:
-        module = nccl_backend.binding()
-    except Exception as exc:  # nccl4py asked for and missing: say what to install
-        return f"none usable: {exc}"
     if module is not nccl4py_binding:
         other = ("not installed" if installed == "not installed" else
                  f"{installed} installed: HPCCOMM_NCCL_BINDING=nccl4py selects it")
