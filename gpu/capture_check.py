@@ -1,6 +1,6 @@
 """Capture hpccomm collectives in a CUDA graph, replay the graph, check the results.
 
-The check a GPU machine must make of what ``tests/test_gpu_collectives.py`` can only
+The check a GPU machine must make of what ``tests/test_gpu_streams.py`` can only
 simulate: that synchronous and ``async_op`` collectives issued while a CuPy stream
 captures (all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor) become
 part of the graph, and that each launch of the graph redoes them on the current

@@ -127,7 +127,7 @@ done
 #: node's ranks) are tested on every library by the CPU tests. (test_failures.py keeps
 #: the GPU survivors of ULFM, which need Open MPI.)
 GPU_SIMULATION="--deselect tests/test_gpu_collectives.py --deselect tests/test_gpu_lifecycle.py
-                --deselect tests/test_gpu_nccl4py.py"
+                --deselect tests/test_gpu_streams.py --deselect tests/test_gpu_nccl4py.py"
 #: The mistakes harness under Open MPI: the jobs with MPI's own path among their
 #: configurations at 2 and 4 ranks (3 ranks runs only the shared-memory paths, which MPI
 #: does not carry; 8 repeats 4's configurations).

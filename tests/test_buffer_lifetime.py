@@ -89,7 +89,7 @@ def test_freed_temporary_input_is_still_sent(dist, rank, size, start):
 @pytest.mark.mpi(min_size=2)
 def test_staged_device_arrays_keep_their_host_copies(dist, rank, size):
     """The host staging copies of (simulated) device arrays live until completion."""
-    from test_gpu_collectives import install_sim, uninstall_sim
+    from gpu_cases import install_sim, uninstall_sim
 
     cupy = install_sim()
     try:

@@ -1,38 +1,30 @@
-"""The NCCL communicators' life cycle on the simulated device: split from the parent,
-the bootstrap fallback, a rank missing from a split, a DeviceMesh's and new_group's
-communicators after init with a device (jobs of their own: they make the default
-group's, which no later test may meet).
+"""The NCCL communicators' life cycle on the simulated device: creation, and what every
+rank is told when it fails (two ranks on one GPU, a rank that never comes, ranks that
+come for different communicators); split from the parent, the bootstrap fallback, a rank
+missing from a split, a DeviceMesh's and new_group's communicators after init with a
+device (jobs of their own: they make the default group's, which no later test may meet).
 
 Each test runs through the real backend code with ``tests/gpu_sim`` standing in for
-CuPy and NCCL (see ``tests/test_gpu_collectives.py``), whose ``cupy.cuda.nccl.made``
-counts the communicators made by a unique-id bootstrap and by a split. They skip where
-a real CuPy is installed: ``gpu/run_gpu_check.sh`` checks the real NCCL there.
+CuPy and NCCL (see ``tests/gpu_cases.py``), whose ``cupy.cuda.nccl.made`` counts the
+communicators made by a unique-id bootstrap and by a split. They skip where a real CuPy
+is installed: ``gpu/run_gpu_check.sh`` checks the real NCCL there.
 """
+import socket
 import time
 
 import numpy as np
 import pytest
 
+from gpu_cases import GPU, GPU_SKIP, REAL_CUPY, parts, sim_uuids, summed
+from gpu_cases import sim  # noqa: F401 (a fixture)
 from helpers import result_lines, run_case
-from test_gpu_collectives import GPU_SKIP, REAL_CUPY, install_sim, uninstall_sim
 
-GPU = "cpu:mpi,cuda:nccl"
 SIMULATED = pytest.mark.skipif(REAL_CUPY, reason="a real CuPy is installed: the GPU's "
                                                  "own test below runs instead")
 
 
-@pytest.fixture(scope="module")
-def sim(world):
-    """The simulated ``cupy`` (on the path for this module's tests)."""
-    if REAL_CUPY:
-        pytest.skip("a real CuPy is installed: the simulated device is not used")
-    cupy = install_sim()
-    yield cupy
-    uninstall_sim()
-
-
 @pytest.fixture
-def nccl(sim):
+def nccl(sim):  # noqa: F811 (the fixture imported above)
     """The simulated NCCL module, back at its default version after each test."""
     import importlib
 
@@ -40,13 +32,6 @@ def nccl(sim):
     version = module.VERSION
     yield module
     module.VERSION = version
-
-
-def summed(cupy, dist, group, value):
-    """``value`` all-reduced over ``group`` on the (simulated) GPU, as a float."""
-    x = cupy.asarray(np.full(3, value, np.float32))
-    dist.all_reduce(x, group=group)
-    return float(cupy.asnumpy(x)[0])
 
 
 def made_by(nccl, step):
@@ -73,12 +58,173 @@ def split_and_use(dist, sim, nccl, parent, rank):
     return part, at_split, at_use
 
 
-def parts(size):
-    """Two splits of the even and the odd ranks below the last; the last is in none."""
-    return [p for p in ([r for r in range(size - 1) if r % 2 == 0],
-                        [r for r in range(size - 1) if r % 2 == 1]) if p]
+# -- creation: what every rank is told when it fails -----------------------------------------
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("first", ["collective", "send"])
+def test_two_ranks_on_one_gpu_are_named_on_every_rank(dist, sim, rank, size, first):
+    """Ranks 0 and 1 report one device UUID: each rank that would create the NCCL
+    communicator raises the same clear error before NCCL is asked (which would say only
+    NCCL_ERROR_INVALID_USAGE)."""
+    sim_uuids(bytes(range(16)) if rank < 2 else bytes([rank]) * 16)
+    pg = dist.new_group(list(range(size)), backend=GPU)
+    try:
+        x = sim.asarray(np.ones(3, np.float32))
+        text = None
+        if first == "collective" or rank < 2:  # send: a pair communicator of ranks 0, 1
+            with pytest.raises(dist.DistBackendError) as caught:
+                if first == "collective":
+                    dist.all_reduce(x, group=pg)
+                elif rank == 0:
+                    dist.send(x, 1, group=pg)
+                else:
+                    dist.recv(x, 0, group=pg)
+            text = str(caught.value)
+            for needle in ("ranks 0 and 1 of the group share one GPU",
+                           f"host {socket.gethostname()}", "cuda:0", "UUID GPU-00010203-0405-0607-0809-0a0b0c0d0e0f",
+                           "NCCL_ERROR_INVALID_USAGE", "ranks per node",
+                           "CUDA_VISIBLE_DEVICES", 'backend="mpi"'):
+                assert needle in text, (needle, text)
+        texts = [None] * size
+        dist.all_gather_object(texts, text)
+        assert len({t for t in texts if t is not None}) == 1, texts
+        assert texts[0] is not None and texts[1] is not None, texts
+        dist.barrier(group=pg)  # the group's CPU side still works
+    finally:
+        sim_uuids(None)
+        dist.destroy_process_group(pg)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("first", ["collective", "send"])
+def test_a_rank_missing_from_nccl_creation_is_named_on_every_rank(dist, sim, rank, size,
+                                                                 first):
+    """The last rank never makes the GPU call that creates a communicator (the group's,
+    or the pair of ranks 0 and the last): every rank that came raises a timeout within
+    the group's timeout naming it, instead of waiting in NCCL's creation, and the group's
+    CPU side stays usable."""
+    import time
+
+    last = size - 1
+    pg = dist.new_group(list(range(size)), backend=GPU, timeout=1.5)
+    try:
+        x = sim.asarray(np.ones(3, np.float32))
+        text = None
+        comes = rank != last and (first == "collective" or rank == 0)
+        if comes:
+            start = time.monotonic()
+            with pytest.raises(dist.DistTimeoutError) as caught:
+                if first == "collective":
+                    dist.all_reduce(x, group=pg)
+                else:
+                    dist.send(x, last, group=pg)
+            assert time.monotonic() - start < 1.5 + 1.5  # the timeout and the verdict's way
+            text = str(caught.value)
+            op = "all_reduce" if first == "collective" else "send"
+            made = ("the group's communicator" if first == "collective" or size == 2
+                    else f"the pair communicator of ranks 0 and {last}")
+            for needle in (f"hpccomm.{op}", f"on rank {rank}/{size}", "NCCL communicator "
+                           f"creation ({made})", f"rank {last} of the group (global rank "
+                           f"{last}) never came within 1.5 s", "usable for CPU arrays"):
+                assert needle in text, (needle, text)
+        texts = [None] * size
+        dist.all_gather_object(texts, text)
+        assert texts[0] is not None, texts
+        dist.barrier(group=pg)  # the group's CPU side still works
+    finally:
+        dist.destroy_process_group(pg)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_the_unique_id_reaches_every_rank_in_the_form_cupy_gave_it(dist, sim, rank, size):
+    """CuPy 13 and later give and take the id as bytes, earlier releases as a tuple of
+    signed chars: the meeting hands each rank the form the first rank's CuPy made."""
+    from mpi4py import MPI
+
+    from hpccomm.backends.cuda import shared_gpu
+
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        for made in (bytes(range(128)), tuple(range(-64, 64))):
+            got = shared_gpu.meet(comm, list(range(size)), "group", sim, 0, 10.0,
+                                  lambda: made)
+            assert type(got) is type(made) and got == made, (type(got), got)
+    finally:
+        comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_first_rank_missing_from_nccl_creation_is_named_on_every_rank(dist, sim, rank,
+                                                                        size):
+    """Rank 0, which answers the others' meeting, does not make the call in time: the
+    others raise a timeout naming it, after the group's timeout and the answer's grace.
+    When rank 0 makes it later, it does not take their old arrivals for a meeting (and
+    go on into NCCL's creation alone): it raises a timeout naming them."""
+    pg = dist.new_group(list(range(size)), backend=GPU, timeout=1.5)
+    try:
+        text = None
+        if rank != 0:
+            with pytest.raises(dist.DistTimeoutError) as caught:
+                dist.all_reduce(sim.asarray(np.ones(3, np.float32)), group=pg)
+            text = str(caught.value)
+            for needle in ("hpccomm.all_reduce", f"on rank {rank}/{size}",
+                           "rank 0 of the group (global rank 0), the communicator's first, "
+                           "did not answer within 1.5 s", "usable for CPU arrays"):
+                assert needle in text, (needle, text)
+        texts = [None] * size
+        dist.all_gather_object(texts, text)
+        assert all(t is not None for t in texts[1:]), texts
+        if rank == 0:  # late: the others have given up
+            with pytest.raises(dist.DistTimeoutError) as caught:
+                dist.all_reduce(sim.asarray(np.ones(3, np.float32)), group=pg)
+            others = "rank 1 of the group" if size == 2 else "ranks 1"
+            assert others in str(caught.value) and "never came" in str(caught.value), \
+                str(caught.value)
+        dist.barrier()  # (on WORLD: the group's timeout is shorter than rank 0's wait)
+    finally:
+        dist.destroy_process_group(pg)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_ranks_calling_for_different_nccl_communicators_are_named(dist, sim, rank, size):
+    """Rank 2 sends to rank 0 (their pair communicator) while the others all_reduce (the
+    group's): rank 0, first of both, takes rank 2's coming for the group's meeting and
+    refuses it, and every rank raises the same error naming what each came to make;
+    nothing waits in NCCL."""
+    pg = dist.new_group(list(range(size)), backend=GPU, timeout=5)
+    try:
+        x = sim.asarray(np.ones(3, np.float32))
+        with pytest.raises(dist.DistError) as caught:
+            if rank == 2:
+                dist.send(x, 0, group=pg)
+            else:
+                dist.all_reduce(x, group=pg)
+        text = str(caught.value)
+        for needle in ("rank 2 of the group comes to make the pair communicator of ranks 0 "
+                       "and 2", "come to make the group's communicator", "Nothing was "
+                       "created"):
+            assert needle in text, (needle, text)
+        texts = [None] * size
+        dist.all_gather_object(texts, text)
+        assert len(set(texts)) == 1, texts  # the same words on every rank
+        dist.barrier(group=pg)
+    finally:
+        dist.destroy_process_group(pg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_on_distinct_gpus_pass_the_check(dist, sim, rank, size):
+    sim_uuids(bytes([rank + 1]) * 16)
+    pg = dist.new_group(list(range(size)), backend=GPU)
+    try:
+        x = sim.asarray(np.ones(3, np.float32))
+        dist.all_reduce(x, group=pg)
+        np.testing.assert_array_equal(sim.asnumpy(x), np.full(3, size))
+    finally:
+        sim_uuids(None)
+        dist.destroy_process_group(pg)
+
+
+# -- split from the parent --------------------------------------------------------------------
 @pytest.mark.mpi(min_size=2)
 def test_split_group_splits_the_parents_nccl_communicator(dist, sim, nccl, rank, size):
     """The parent has its NCCL communicator: ``split_group`` makes each part's by

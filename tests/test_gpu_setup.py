@@ -2,7 +2,7 @@
 wheel's library, what ``hpccomm info`` says, the shared-GPU error's logic and the
 offline GPU check (``gpu/run_gpu_check.sh --offline``) against the simulated CuPy.
 
-The shared-GPU error between real ranks is in ``tests/test_gpu_collectives.py``
+The shared-GPU error between real ranks is in ``tests/test_gpu_lifecycle.py``
 (2 ranks, simulated devices with chosen UUIDs).
 """
 import configparser
