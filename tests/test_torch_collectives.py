@@ -6,21 +6,16 @@ after it, so later tests see no torch group. Inputs are built from the rank, so 
 rank computes the expected result locally.
 """
 import datetime
-import os
 import time
 
 import pytest
 
 from helpers import skip_below_thread_multiple
-
-torch = pytest.importorskip("torch", reason="torch is not installed (pip install "
-                                            "'hpccomm[torch]'); the torch backend is untested")
-dist = pytest.importorskip("torch.distributed")
-pytest.importorskip("hpccomm.torch")
+from torch_cases import TIMEOUT, assert_close, dist, torch
+from torch_cases import rank, size  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
-TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("HPCCOMM_TEST_TIMEOUT", "60")))
 R = dist.ReduceOp
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
@@ -38,16 +33,6 @@ def torch_world():
     dist.destroy_process_group()
 
 
-@pytest.fixture
-def rank(torch_world):
-    return dist.get_rank()
-
-
-@pytest.fixture
-def size(torch_world):
-    return dist.get_world_size()
-
-
 def value(rank, dtype, n=6):
     """Rank ``rank``'s input: small numbers, exact in every dtype (bool: rank parity)."""
     base = torch.arange(n, dtype=torch.float64) % 3 + rank + 1
@@ -56,14 +41,6 @@ def value(rank, dtype, n=6):
     if dtype in COMPLEX:
         return (base + 1j * (rank + 1)).to(dtype)
     return base.to(dtype)
-
-
-def close(actual, expected):
-    if actual.dtype is torch.bool or not (actual.is_floating_point() or actual.is_complex()):
-        assert torch.equal(actual, expected.to(actual.dtype)), (actual, expected)
-    else:
-        tol = 2e-2 if actual.dtype in (torch.float16, torch.bfloat16) else 1e-6
-        torch.testing.assert_close(actual, expected.to(actual.dtype), rtol=tol, atol=tol)
 
 
 # -- identity ---------------------------------------------------------------------------------
@@ -124,7 +101,7 @@ def test_all_reduce_every_op(torch_world, rank, size, dtype):
             dist.all_reduce(x, op=op)
             expected = _reference(op, [value(r, dtype) for r in range(size)], dtype)
         assert x.dtype is dtype
-        close(x, expected)
+        assert_close(x, expected)
 
 
 def test_all_reduce_undefined_op_is_a_clear_error(torch_world, rank):
@@ -138,7 +115,7 @@ def test_all_reduce_undefined_op_is_a_clear_error(torch_world, rank):
 def test_all_reduce_premul_sum_with_tensor_factor(torch_world, rank, size):
     x = torch.full((3,), float(rank + 1))
     dist.all_reduce(x, op=dist._make_nccl_premul_sum(torch.tensor([0.25])))
-    close(x, torch.full((3,), 0.25 * sum(range(1, size + 1))))
+    assert_close(x, torch.full((3,), 0.25 * sum(range(1, size + 1))))
 
 
 def test_complex_reaches_the_group_unsplit(torch_world, rank, size):
@@ -146,7 +123,7 @@ def test_complex_reaches_the_group_unsplit(torch_world, rank, size):
     x = value(rank, torch.complex64)
     opts = dist.AllreduceOptions()
     torch_world.allreduce([x], opts).wait()
-    close(x, sum(value(r, torch.complex64) for r in range(size)))
+    assert_close(x, sum(value(r, torch.complex64) for r in range(size)))
 
 
 @pytest.mark.parametrize("view", ["conj", "neg"])
@@ -168,14 +145,14 @@ def test_non_contiguous_tensor_is_reduced_in_place(torch_world, rank, size):
     x = base.t()  # a non-contiguous view: staged, then copied back into base
     dist.all_reduce(x)
     expected = sum(torch.arange(12, dtype=torch.float32).reshape(3, 4) + r for r in range(size))
-    close(base, expected)
+    assert_close(base, expected)
 
 
 def test_requires_grad_and_zero_dim_tensors(torch_world, rank, size):
     w = torch.full((2,), float(rank), requires_grad=True)
     with torch.no_grad():
         dist.all_reduce(w)
-    close(w.detach(), torch.full((2,), float(sum(range(size)))))
+    assert_close(w.detach(), torch.full((2,), float(sum(range(size)))))
     s = torch.tensor(float(rank))
     dist.all_reduce(s, op=R.MAX)
     assert s.item() == size - 1
@@ -196,18 +173,18 @@ def test_a_tensor_reduced_again_follows_its_memory(torch_world, rank, size, op_n
     for _ in range(3):  # the second and third calls reuse what the first found
         x.fill_(float(rank))
         dist.all_reduce(x, op=op)
-        close(x, torch.full((4,), total))
+        assert_close(x, torch.full((4,), total))
     x.set_(torch.full((6,), float(rank)))  # new storage, new size
     dist.all_reduce(x, op=op)
-    close(x, torch.full((6,), total))
+    assert_close(x, torch.full((6,), total))
     x.resize_(3)  # same memory, fewer elements
     x.fill_(float(rank))
     dist.all_reduce(x, op=op)
-    close(x, torch.full((3,), total))
+    assert_close(x, torch.full((3,), total))
     x.data = torch.full((5,), rank, dtype=torch.int64)  # another dtype, same Python object
     dist.all_reduce(x, op=op)
     assert x.dtype is torch.int64
-    close(x, torch.full((5,), total))
+    assert_close(x, torch.full((5,), total))
 
 
 @pytest.mark.parametrize("op_name", sorted(REUSE_OPS))
@@ -249,13 +226,13 @@ def test_blocking_sums_take_the_direct_form(torch_world, rank, size, monkeypatch
     x = torch.full((5,), float(rank + 1))
     dist.all_reduce(x)
     assert calls == [True]
-    close(x, torch.full((5,), float(size * (size + 1) // 2)))
+    assert_close(x, torch.full((5,), float(size * (size + 1) // 2)))
     strided = torch.full((4, 2), float(rank + 1))[:, 0]
     dist.all_reduce(strided)
     dist.all_reduce(x, async_op=True).wait()
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
     assert calls == [True], "only the first call fits the direct form"
-    close(strided, torch.full((4,), float(size * (size + 1) // 2)))
+    assert_close(strided, torch.full((4,), float(size * (size + 1) // 2)))
 
 
 def test_a_direct_sum_outlasting_its_spin_completes(torch_world, rank, size):
@@ -267,7 +244,7 @@ def test_a_direct_sum_outlasting_its_spin_completes(torch_world, rank, size):
         time.sleep(3 * mpi_direct.SLICE_S)
     x = torch.arange(1000, dtype=torch.float64) + rank
     dist.all_reduce(x)
-    close(x, torch.arange(1000, dtype=torch.float64) * size + sum(range(size)))
+    assert_close(x, torch.arange(1000, dtype=torch.float64) * size + sum(range(size)))
 
 
 # -- broadcast, reduce ---------------------------------------------------------------------------
@@ -276,7 +253,7 @@ def test_broadcast_every_dtype_and_root(torch_world, rank, size, dtype):
     for src in range(size):
         x = value(rank, dtype)
         dist.broadcast(x, src=src)
-        close(x, value(src, dtype))
+        assert_close(x, value(src, dtype))
 
 
 def test_reduce_to_every_root(torch_world, rank, size):
@@ -285,15 +262,15 @@ def test_reduce_to_every_root(torch_world, rank, size):
             x = value(rank, torch.float32)
             dist.reduce(x, dst=dst, op=op)
             if rank == dst:
-                close(x, _reference(op, [value(r, torch.float32) for r in range(size)],
-                                    torch.float32))
+                assert_close(x, _reference(op, [value(r, torch.float32) for r in range(size)],
+                                           torch.float32))
             else:
-                close(x, value(rank, torch.float32))  # untouched elsewhere
+                assert_close(x, value(rank, torch.float32))  # untouched elsewhere
     y = value(rank, torch.bfloat16)
     dist.reduce(y, dst=0, op=dist._make_nccl_premul_sum(2.0))
     if rank == 0:
-        close(y, 2 * _reference(R.SUM, [value(r, torch.bfloat16) for r in range(size)],
-                                torch.bfloat16))
+        assert_close(y, 2 * _reference(R.SUM, [value(r, torch.bfloat16) for r in range(size)],
+                                       torch.bfloat16))
 
 
 # -- gathers and scatters ----------------------------------------------------------------------
@@ -302,13 +279,13 @@ def test_all_gather_variants(torch_world, rank, size, dtype):
     parts = [torch.empty(6, dtype=dtype) for _ in range(size)]
     dist.all_gather(parts, value(rank, dtype))
     for r, part in enumerate(parts):
-        close(part, value(r, dtype))
+        assert_close(part, value(r, dtype))
     out = torch.empty(6 * size, dtype=dtype)
     dist.all_gather_into_tensor(out, value(rank, dtype))
-    close(out, torch.cat([value(r, dtype) for r in range(size)]))
+    assert_close(out, torch.cat([value(r, dtype) for r in range(size)]))
     out2 = torch.empty(size, 6, dtype=dtype)
     dist.all_gather_single(out2, value(rank, dtype))
-    close(out2.reshape(-1), torch.cat([value(r, dtype) for r in range(size)]))
+    assert_close(out2.reshape(-1), torch.cat([value(r, dtype) for r in range(size)]))
 
 
 def test_all_gather_in_place_slice_of_output(torch_world, rank, size):
@@ -317,14 +294,14 @@ def test_all_gather_in_place_slice_of_output(torch_world, rank, size):
     mine = out[rank * 5:(rank + 1) * 5]
     mine.copy_(torch.full((5,), float(rank)))
     dist.all_gather_into_tensor(out, mine)
-    close(out, torch.cat([torch.full((5,), float(r)) for r in range(size)]))
+    assert_close(out, torch.cat([torch.full((5,), float(r)) for r in range(size)]))
 
 
 def test_all_gather_uneven_sizes(torch_world, rank, size):
     parts = [torch.empty(r + 1) for r in range(size)]
     dist.all_gather(parts, torch.full((rank + 1,), float(rank)))
     for r, part in enumerate(parts):
-        close(part, torch.full((r + 1,), float(r)))
+        assert_close(part, torch.full((r + 1,), float(r)))
 
 
 def test_gather_and_scatter_every_root(torch_world, rank, size):
@@ -333,11 +310,11 @@ def test_gather_and_scatter_every_root(torch_world, rank, size):
         dist.gather(value(rank, torch.float32), gathered, dst=root)
         if rank == root:
             for r, part in enumerate(gathered):
-                close(part, value(r, torch.float32))
+                assert_close(part, value(r, torch.float32))
         out = torch.empty(6, dtype=torch.int64)
         chunks = [value(r, torch.int64) * 10 for r in range(size)] if rank == root else None
         dist.scatter(out, chunks, src=root)
-        close(out, value(rank, torch.int64) * 10)
+        assert_close(out, value(rank, torch.int64) * 10)
 
 
 @pytest.mark.parametrize("op", [R.SUM, R.AVG, R.MAX, "PREMUL"], ids=str)
@@ -348,22 +325,22 @@ def test_reduce_scatter_variants(torch_world, rank, size, op):
     inputs = [value(rank, torch.float32) + i for i in range(size)]
     out = torch.empty(6)
     dist.reduce_scatter(out, inputs, op=red)
-    close(out, scale * _reference(base, [value(r, torch.float32) + rank for r in range(size)],
-                                  torch.float32))
+    rows = [value(r, torch.float32) + rank for r in range(size)]
+    assert_close(out, scale * _reference(base, rows, torch.float32))
     whole = torch.cat(inputs)
     out2 = torch.empty(6)
     dist.reduce_scatter_tensor(out2, whole, op=red)
-    close(out2, out)
+    assert_close(out2, out)
     out3 = torch.empty(6)
     dist.reduce_scatter_single(out3, whole, op=red)
-    close(out3, out)
+    assert_close(out3, out)
 
 
 def test_reduce_scatter_bfloat16_avg(torch_world, rank, size):
     whole = torch.cat([torch.full((4,), float(rank + i)) for i in range(size)]).bfloat16()
     out = torch.empty(4, dtype=torch.bfloat16)
     dist.reduce_scatter_tensor(out, whole, op=R.AVG)
-    close(out, torch.full((4,), sum(r + rank for r in range(size)) / size))
+    assert_close(out, torch.full((4,), sum(r + rank for r in range(size)) / size))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -373,23 +350,23 @@ def test_moving_ops_every_dtype(torch_world, rank, size, dtype):
     out = torch.empty(6, dtype=dtype)
     dist.scatter(out, [value(r, dtype) for r in range(size)] if rank == root else None,
                  src=root)
-    close(out, value(rank, dtype))
+    assert_close(out, value(rank, dtype))
     parts = [torch.empty(6, dtype=dtype) for _ in range(size)] if rank == root else None
     dist.gather(value(rank, dtype), parts, dst=root)
     if rank == root:
         for r, part in enumerate(parts):
-            close(part, value(r, dtype))
+            assert_close(part, value(r, dtype))
     send = torch.cat([value(rank, dtype)[:2] for _ in range(size)])
     recv = torch.empty(2 * size, dtype=dtype)
     dist.all_to_all_single(recv, send)
-    close(recv, torch.cat([value(r, dtype)[:2] for r in range(size)]))
+    assert_close(recv, torch.cat([value(r, dtype)[:2] for r in range(size)]))
     right, left = (rank + 1) % size, (rank - 1) % size
     got = torch.empty(6, dtype=dtype)
     works = dist.batch_isend_irecv([dist.P2POp(dist.isend, value(rank, dtype), right),
                                     dist.P2POp(dist.irecv, got, left)])
     for work in works:
         work.wait()
-    close(got, value(left, dtype))
+    assert_close(got, value(left, dtype))
 
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d is not torch.bool], ids=str)
@@ -400,11 +377,11 @@ def test_reducing_ops_every_dtype(torch_world, rank, size, dtype):
     x = value(rank, dtype)
     dist.reduce(x, dst=0)
     if rank == 0:
-        close(x, total)
+        assert_close(x, total)
     whole = torch.cat([value(rank, dtype)] * size)
     out = torch.empty(6, dtype=dtype)
     dist.reduce_scatter_tensor(out, whole)
-    close(out, total)
+    assert_close(out, total)
 
 
 def test_all_to_all_variants(torch_world, rank, size):
@@ -412,17 +389,17 @@ def test_all_to_all_variants(torch_world, rank, size):
     outputs = [torch.empty(2) for _ in range(size)]
     dist.all_to_all(outputs, inputs)
     for j, out in enumerate(outputs):
-        close(out, torch.full((2,), float(j * 10 + rank)))
+        assert_close(out, torch.full((2,), float(j * 10 + rank)))
     single_in = torch.cat(inputs)
     single_out = torch.empty(2 * size)
     dist.all_to_all_single(single_out, single_in)
-    close(single_out, torch.cat(outputs))
+    assert_close(single_out, torch.cat(outputs))
     # uneven splits: rank r sends j + 1 rows to rank j
     send = torch.cat([torch.full((j + 1, 3), float(rank)) for j in range(size)])
     recv = torch.empty(size * (rank + 1), 3)
     dist.all_to_all_single(recv, send, output_split_sizes=[rank + 1] * size,
                            input_split_sizes=[j + 1 for j in range(size)])
-    close(recv, torch.cat([torch.full((rank + 1, 3), float(r)) for r in range(size)]))
+    assert_close(recv, torch.cat([torch.full((rank + 1, 3), float(r)) for r in range(size)]))
 
 
 def test_barrier_and_monitored_barrier(torch_world, rank, size):
@@ -445,7 +422,7 @@ def test_send_recv_ring(torch_world, rank, size):
     else:
         dist.recv(got, src=left)
         dist.send(value(rank, torch.float64)[:4], dst=right)
-    close(got, value(left, torch.float64)[:4])
+    assert_close(got, value(left, torch.float64)[:4])
 
 
 def test_isend_irecv_and_source_rank(torch_world, rank, size):
@@ -454,7 +431,7 @@ def test_isend_irecv_and_source_rank(torch_world, rank, size):
     recv = dist.irecv(got, src=left, tag=7)
     send = dist.isend(torch.full((3,), float(rank), dtype=torch.bfloat16), dst=right, tag=7)
     assert send.wait() and recv.wait()
-    close(got, torch.full((3,), float(left)))
+    assert_close(got, torch.full((3,), float(left)))
     assert recv.source_rank() == left
 
 
@@ -476,8 +453,8 @@ def test_batch_isend_irecv_both_directions(torch_world, rank, size):
            dist.P2POp(dist.irecv, from_right, right)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    close(from_left, torch.full((8,), float(left)))
-    close(from_right, torch.full((8,), float(-right)))
+    assert_close(from_left, torch.full((8,), float(left)))
+    assert_close(from_right, torch.full((8,), float(-right)))
 
 
 def test_large_messages_do_not_deadlock_one_by_one(torch_world, rank, size):
@@ -525,20 +502,20 @@ def test_coalescing_manager_fast_paths(torch_world, rank, size):
         for x in xs:
             dist.all_reduce(x)
     for i, x in enumerate(xs):
-        close(x, torch.full((3,), float(sum(r + i for r in range(size)))))
+        assert_close(x, torch.full((3,), float(sum(r + i for r in range(size)))))
     outs = [torch.empty(2 * size) for _ in range(2)]
     with _coalescing_manager(async_ops=True) as cm:
         for i, out in enumerate(outs):
             dist.all_gather_into_tensor(out, torch.full((2,), float(rank * 10 + i)))
     cm.wait()
     for i, out in enumerate(outs):
-        close(out, torch.cat([torch.full((2,), float(r * 10 + i)) for r in range(size)]))
+        assert_close(out, torch.cat([torch.full((2,), float(r * 10 + i)) for r in range(size)]))
     reduced = [torch.empty(2) for _ in range(2)]
     with _coalescing_manager():
         for i, out in enumerate(reduced):
             dist.reduce_scatter_tensor(out, torch.full((2 * size,), float(rank + i)))
     for i, out in enumerate(reduced):
-        close(out, torch.full((2,), float(sum(r + i for r in range(size)))))
+        assert_close(out, torch.full((2,), float(sum(r + i for r in range(size)))))
 
 
 def test_deprecated_coalesced_calls(torch_world, rank, size):
@@ -548,14 +525,14 @@ def test_deprecated_coalesced_calls(torch_world, rank, size):
         warnings.simplefilter("ignore")
         xs = [torch.full((2,), float(rank)), torch.full((5,), 1.0)]
         dist.all_reduce_coalesced(xs)
-        close(xs[0], torch.full((2,), float(sum(range(size)))))
-        close(xs[1], torch.full((5,), float(size)))
+        assert_close(xs[0], torch.full((2,), float(sum(range(size)))))
+        assert_close(xs[1], torch.full((5,), float(size)))
         outs = [[torch.empty(2), torch.empty(1)] for _ in range(size)]  # [rank][input]
         dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)),
                                          torch.full((1,), -float(rank))])
         for r in range(size):
-            close(outs[r][0], torch.full((2,), float(r)))
-            close(outs[r][1], torch.full((1,), -float(r)))
+            assert_close(outs[r][0], torch.full((2,), float(r)))
+            assert_close(outs[r][1], torch.full((1,), -float(r)))
 
 
 # -- asynchronous work ---------------------------------------------------------------------------
@@ -565,7 +542,7 @@ def test_async_work_semantics(torch_world, rank, size):
     assert isinstance(work, dist.Work)
     assert work.wait() is True
     assert work.is_completed() and work.is_success() and work.exception() is None
-    close(x, torch.full((1000,), float(sum(range(size)))))
+    assert_close(x, torch.full((1000,), float(sum(range(size)))))
     assert work.result()[0] is x
     y = torch.ones(4)
     future = dist.all_reduce(y, async_op=True).get_future()
@@ -582,8 +559,8 @@ def test_async_ops_in_flight_together(torch_world, rank, size):
     for work in reversed(works):
         work.wait()
     for i, x in enumerate(xs):
-        close(x, torch.full((256,), float(sum(r + i for r in range(size)))))
-    close(bcast, torch.full((3,), float(size - 1)))
+        assert_close(x, torch.full((256,), float(sum(r + i for r in range(size)))))
+    assert_close(bcast, torch.full((3,), float(size - 1)))
 
 
 def test_async_work_progresses_without_wait(torch_world, rank, size):
@@ -617,7 +594,7 @@ def test_async_works_waited_at_once_are_not_kept(torch_world, rank, size):
         refs.append(weakref.ref(work))
         del work
     alive = sum(ref() is not None for ref in refs)  # at once, before the thread's round
-    close(x, torch.full((8,), float(size - 1)))
+    assert_close(x, torch.full((8,), float(size - 1)))
     # the queue is pruned past PRUNE_AT; the thread holds at most one queue's worth
     assert alive <= 2 * progress.PRUNE_AT + 2, f"{alive} finished works still referenced"
 
@@ -635,7 +612,7 @@ def test_one_async_work_waited_from_two_threads(torch_world, rank, size):
     results.append(work.wait())
     waiter.join(timeout=60)
     assert not waiter.is_alive() and results == [True, True]
-    close(x, torch.full((1 << 18,), float(sum(range(size)))))
+    assert_close(x, torch.full((1 << 18,), float(sum(range(size)))))
 
 
 # -- groups -----------------------------------------------------------------------------------
@@ -645,7 +622,7 @@ def test_new_group_and_non_members(torch_world, rank, size):
         assert dist.get_process_group_ranks(evens) == list(range(0, size, 2))
         x = torch.ones(2)
         dist.all_reduce(x, group=evens)
-        close(x, torch.full((2,), float(len(range(0, size, 2)))))
+        assert_close(x, torch.full((2,), float(len(range(0, size, 2)))))
         assert dist.get_group_rank(evens, rank) == rank // 2
     else:
         assert evens == dist.GroupMember.NON_GROUP_MEMBER

@@ -15,13 +15,10 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (pip install "
-                                            "'hpccomm[torch]'); the torch backend is untested")
-dist = pytest.importorskip("torch.distributed")
-pytest.importorskip("hpccomm.torch")
-from torch.distributed.distributed_c10d import _coalescing_manager  # noqa: E402
+from torch_cases import TIMEOUT, dist, torch
 
-from test_torch_collectives import TIMEOUT  # noqa: E402
+# after torch_cases, which skips the module without torch
+from torch.distributed.distributed_c10d import _coalescing_manager
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

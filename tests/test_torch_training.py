@@ -11,13 +11,10 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (pip install "
-                                            "'hpccomm[torch]'); the torch backend is untested")
-dist = pytest.importorskip("torch.distributed")
-pytest.importorskip("hpccomm.torch")
-nn = torch.nn
+from torch_cases import TIMEOUT, dist, torch
+from torch_cases import rank, size  # noqa: F401 (fixtures)
 
-from test_torch_collectives import TIMEOUT, rank, size  # noqa: E402,F401
+nn = torch.nn
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

@@ -12,13 +12,10 @@ import datetime
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (pip install "
-                                            "'hpccomm[torch]'); the torch backend is untested")
-dist = pytest.importorskip("torch.distributed")
-hpccomm_torch = pytest.importorskip("hpccomm.torch")
-from hpccomm.torch import versions  # noqa: E402
+from torch_cases import TIMEOUT, assert_close, dist, torch
 
-from test_torch_collectives import TIMEOUT, close  # noqa: E402
+import hpccomm.torch as hpccomm_torch  # after torch_cases: it skips the module without torch
+from hpccomm.torch import versions
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -66,10 +63,10 @@ def test_the_backend_runs_operations_itself(world):
     backend = group()._get_backend(CPU)
     x = torch.full((3,), float(rank + 1))
     backend.allreduce([x], dist.AllreduceOptions()).wait()
-    close(x, torch.full((3,), float(size * (size + 1) // 2)))
+    assert_close(x, torch.full((3,), float(size * (size + 1) // 2)))
     out = torch.zeros(size * 2)
     backend._allgather_base(out, torch.full((2,), float(rank))).wait()  # no options: defaults
-    close(out, torch.arange(size).repeat_interleave(2).float())
+    assert_close(out, torch.arange(size).repeat_interleave(2).float())
 
 
 def test_batched_p2p_and_object_p2p(world):
@@ -79,7 +76,7 @@ def test_batched_p2p_and_object_p2p(world):
            dist.P2POp(dist.irecv, recv, (rank - 1) % size)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    close(recv, torch.full((4,), float((rank - 1) % size)))
+    assert_close(recv, torch.full((4,), float((rank - 1) % size)))
     objects = [None]
     if rank == 0:
         dist.send_object_list([{"from": 0, "world": world}], dst=1)
@@ -95,7 +92,7 @@ def test_gather_single_and_set_timeout(world):
     out = torch.zeros(size * 2) if rank == size - 1 else None
     dist.gather_single(x, out, dst=size - 1)
     if rank == size - 1:
-        close(out, torch.arange(size).repeat_interleave(2).float())
+        assert_close(out, torch.arange(size).repeat_interleave(2).float())
     host = group().host_group
     dist.set_timeout(datetime.timedelta(seconds=7))
     assert host.timeout == 7
