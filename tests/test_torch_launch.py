@@ -145,7 +145,7 @@ def test_ddp_job_script_is_valid_bash():
 
 
 # -- under Slurm ---------------------------------------------------------------------------------
-from test_slurm import _wait_job, slurm  # noqa: E402,F401  (a real single-node Slurm)
+from slurm_cluster import slurm, wait_job  # noqa: E402,F401  (a real single-node Slurm)
 from hpccomm.stores import free_port
 
 
@@ -160,7 +160,7 @@ def test_ddp_job_script_under_slurm(slurm, tmp_path):  # noqa: F811
                            os.path.join(ROOT, "jobscripts", "torch_ddp.sbatch")], env=env)
     job_id = submitted.stdout.strip().split(";")[0]
     assert job_id.isdigit(), submitted
-    state = _wait_job(slurm, job_id, timeout=240)
+    state = wait_job(slurm, job_id, timeout=240)
     text = out.read_text(errors="replace") if out.exists() else "(no output file)"
     assert state == "COMPLETED", f"job {job_id} ended {state}:\n{text}\n{slurm.logs()}"
     assert "DDP training on 2 ranks matches single-process training" in text, text
