@@ -3,6 +3,7 @@
 The rules are read from that page's tables (one source for the doc and this test); the
 graph is read from the source with ``ast``: every ``import`` and ``from ... import``,
 inside functions too. A failure names the importing module, the line and the rule.
+The tests themselves share helper modules, never each other's test files.
 """
 import ast
 import re
@@ -440,6 +441,18 @@ def test_launcher_variables_are_read_by_launcher_env_only():
     assert launcher_variable_problems() == []
 
 
+def test_every_variable_launcher_env_reads_is_a_launcher_variable():
+    """The check knows every variable the reader reads (else a module reading one of
+    them itself would go unnoticed)."""
+    from hpccomm import launcher_env
+
+    names = [name for pair in launcher_env.RANK_VARS + launcher_env.LOCAL_VARS
+             for name in pair if name]
+    names += [*launcher_env.TORCHRUN_RANK, *launcher_env.TORCHRUN_LOCAL,
+              *launcher_env.JOB_ID_VARS, *launcher_env.NODE_ID_VARS]
+    assert [name for name in names if not LAUNCHER_VARIABLE.fullmatch(name)] == []
+
+
 def test_the_launcher_variable_check_sees_every_form_of_read(tmp_path):
     package = tmp_path / "hpccomm"
     package.mkdir()
@@ -656,3 +669,39 @@ def test_the_attribute_check_sees_other_modules_private_attributes(tmp_path):
         "give it a public name there",
         "recorder (line 10) uses Work()._error, a private attribute that only work define: "
         "give it a public name there"], found
+
+
+# -- tests share helpers, not each other -----------------------------------------------------
+def imports_of_test_modules(tests: Path = ROOT / "tests") -> List[str]:
+    """Each import of a test module by a file under ``tests``, as a problem to report."""
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(tests)} (line {node.lineno}) imports {name}: move "
+                      f"what it takes into a helper module" for name in names
+                      if name.split(".")[-1].startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another():
+    """What several test files share (fixtures, cases, constants) lives in a helper
+    module (``helpers``, ``gpu_cases``, ``torch_cases``, ``slurm_cluster``, ...), so each
+    test file is read, run and changed alone."""
+    assert imports_of_test_modules() == []
+
+
+def test_the_test_import_check_sees_every_form(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "helpers.py").write_text("import numpy\n")
+    (tmp_path / "test_a.py").write_text(
+        "import helpers\n"                                 # fine: a helper
+        "from test_b import x\n"                           # line 2
+        "def f():\n"
+        "    import test_c as c\n")                        # line 4: inside a function
+    (tmp_path / "sub" / "test_d.py").write_text("from tests.test_a import f\n")
+    assert imports_of_test_modules(tmp_path) == [
+        "sub/test_d.py (line 1) imports tests.test_a: move what it takes into a helper module",
+        "test_a.py (line 2) imports test_b: move what it takes into a helper module",
+        "test_a.py (line 4) imports test_c: move what it takes into a helper module"]

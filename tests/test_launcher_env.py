@@ -158,13 +158,3 @@ def test_job_id_batch_system_first(environ):
     environ(SLURM, {"PMIX_NAMESPACE": "prterun-x-1@1"})
     assert launcher_env.job_id() == "4242" == launcher_env.slurm_job_id()
     assert launcher_env.slurm_mpi_type() is None
-
-
-def test_every_variable_it_reads_is_a_launcher_variable():
-    from test_architecture import LAUNCHER_VARIABLE
-
-    names = [name for pair in launcher_env.RANK_VARS + launcher_env.LOCAL_VARS
-             for name in pair if name]
-    names += [*launcher_env.TORCHRUN_RANK, *launcher_env.TORCHRUN_LOCAL,
-              *launcher_env.JOB_ID_VARS, *launcher_env.NODE_ID_VARS]
-    assert [name for name in names if not LAUNCHER_VARIABLE.fullmatch(name)] == []
