@@ -32,6 +32,7 @@ import dataclasses
 import fnmatch
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -300,6 +301,25 @@ def environment(**values):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def apt_install_or_skip(packages: Sequence[str], what: str) -> None:
+    """Install the Debian ``packages`` with apt-get, or skip the calling test saying why:
+    not root, no apt-get, or the install failed (its last words). ``what``: what needs
+    them, for the message."""
+    needs = f"{what} needs {', '.join(packages)}"
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip(f"{needs}: not root or no apt-get to install them")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True,
+                       timeout=300, check=True)
+        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                        *packages], env=env, capture_output=True, timeout=600, check=True)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        output = getattr(exc, "stderr", b"") or b""
+        pytest.skip(f"{needs}: apt-get install failed: "
+                    f"{output.decode(errors='replace')[-500:]}")
 
 
 def skip_below_thread_multiple(what: str) -> None:

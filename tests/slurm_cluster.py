@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from helpers import apt_install_or_skip
 from hpccomm.stores import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,20 +47,7 @@ def _install_or_skip():
         missing.append("libpmix-dev")
     if not missing:
         return
-    if os.geteuid() != 0:
-        pytest.skip(f"Slurm test needs {', '.join(missing)} and root to install them")
-    if shutil.which("apt-get") is None:
-        pytest.skip(f"Slurm test needs {', '.join(missing)}; apt-get is not available")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    try:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300,
-                       check=True)
-        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
-                       env=env, capture_output=True, timeout=600, check=True)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        output = getattr(exc, "stderr", b"") or b""
-        pytest.skip(f"apt-get install {' '.join(missing)} failed: "
-                    f"{output.decode(errors='replace')[-500:]}")
+    apt_install_or_skip(missing, "the Slurm test")
     still = [tool for tool in PACKAGES if _which(tool) is None]
     if still:
         pytest.skip(f"apt-get installed {missing} but {still} are still missing")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import job_env, run_job
+from helpers import apt_install_or_skip, job_env, run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
@@ -30,18 +30,7 @@ def _install_or_skip():
         missing.append("lmod")
     if not missing:
         return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip(f"needs {', '.join(missing)}: not root or no apt-get to install them")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    try:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True,
-                       timeout=300, check=True)
-        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
-                       env=env, capture_output=True, timeout=600, check=True)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        output = getattr(exc, "stderr", b"") or b""
-        pytest.skip(f"apt-get install {' '.join(missing)} failed: "
-                    f"{output.decode(errors='replace')[-500:]}")
+    apt_install_or_skip(missing, "the CMake module test")
     if not LMOD_INIT.exists() or shutil.which("cmake") is None:
         pytest.skip(f"installed {missing}, but cmake or Lmod's {LMOD_INIT} is still missing")
 
