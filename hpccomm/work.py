@@ -346,7 +346,7 @@ class Work:
                 self._value = finish()
         except BaseException as exc:  # a failing copy-out fails the Work, not the poll
             self._fail(exc)
-            raise self._error from exc  # type: ignore[misc]
+            raise self._error from _cause(exc)  # type: ignore[misc]
         self._keep = None
         if self._future is not None:
             self._future._settle(self._result, None)
@@ -367,7 +367,7 @@ class Work:
             return self._test()
         except BaseException as exc:
             self._fail(exc)
-            raise self._error from exc  # type: ignore[misc]
+            raise self._error from _cause(exc)  # type: ignore[misc]
 
     def wait(self, timeout: "datetime.timedelta | float | None" = None) -> bool:
         """Block until the operation completes; raise its error or a timeout error.
@@ -392,7 +392,7 @@ class Work:
             raise
         except BaseException as exc:
             self._fail(exc)
-            raise self._error from exc  # type: ignore[misc]
+            raise self._error from _cause(exc)  # type: ignore[misc]
         self._complete()
         return True
 
@@ -403,7 +403,7 @@ class Work:
         keep, self._keep = self._keep, None
         abandon(self._test, keep, self.group)
         notes = _observe.timed_out(self, waited)  # the roll call names absent ranks
-        found = " ".join(notes) if notes else "Some rank of the group did not join it."
+        found = " ".join(notes) if notes else self._unanswered()
         error = DistTimeoutError(
             f"{self.describe()} timed out: waited {waited:.3f} s (timeout {limit} s). "
             f"{found} The group is now unusable: call destroy_process_group() or abort "
@@ -470,6 +470,17 @@ class Work:
         return self._future
 
     # -- description --------------------------------------------------------------
+    def _unanswered(self) -> str:
+        """What a timed-out operation waited for, where no observer said more: the
+        other half of a point-to-point transfer, or a rank that never joined."""
+        op, peer = self.op, self.peer
+        if op in _RECEIVES:
+            return ("No rank of the group sent a message with its tag." if peer is None
+                    else f"Global rank {peer} never sent a message with its tag.")
+        if op in _SENDS and peer is not None:
+            return f"Global rank {peer} never posted a receive for it (with its tag)."
+        return "Some rank of the group did not join it."
+
     def describe(self) -> str:
         """One line saying which operation this is, on which rank and group."""
         group = self.group
@@ -480,13 +491,34 @@ class Work:
             where = "a process"
         what = f"{self.op} (seq {self.seq})"
         if self.peer is not None:
-            what += f" with peer {self.peer}"
+            if self.op in _ROOTED:  # a collective's root, a group rank: said as global
+                ranks = getattr(group, "ranks", None)
+                root = ranks[self.peer] if ranks and 0 <= self.peer < len(ranks) else self.peer
+                what += f" {_ROOTED[self.op]} root {root}"
+            else:
+                what += f" with peer {self.peer}"
         if self.shape is not None:
             what += f", shape {tuple(self.shape)} {self.dtype}"
         return f"{what} on {where}"
 
     def __repr__(self) -> str:
         return f"<Work {self.op} seq={self.seq} {self.state}>"
+
+
+#: Operations whose ``peer`` is the root of a collective (a group rank; named by its
+#: global rank, as a point-to-point peer is), with the word before it, and the
+#: point-to-point ones (``peer``: the other side's global rank, ``None`` for any source).
+_ROOTED = {"broadcast": "from", "reduce": "to", "gather": "to", "gather_single": "to",
+           "scatter": "from"}
+_RECEIVES = frozenset({"recv", "irecv", "recv_object_list"})
+_SENDS = frozenset({"send", "isend", "send_object_list"})
+
+
+def _cause(exc: BaseException) -> Optional[BaseException]:
+    """What a failed operation's error is chained to: the library's error (an MPI error,
+    an OSError), never a backend's own undescribed one, which the error already says in
+    full (its traceback would show the user hpccomm's internals twice)."""
+    return None if isinstance(exc, Undescribed) else exc
 
 
 def failure_error(what: str, group: Any, exc: BaseException) -> DistError:

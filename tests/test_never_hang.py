@@ -72,6 +72,16 @@ def test_every_operation_honours_its_timeout():
         assert float(fields["elapsed"]) <= timeout + 2.0, fields
         op = fields["op"].split(" ")[0].split(".")[0].split("(")[0]
         assert fields["what"].startswith(op), fields
+    # one cause each, in the numbering of the message: a point-to-point call names its
+    # peer's missing half, a collective the rank that never joined, a root its global rank
+    causes = {fields["op"]: fields["cause"] for fields in lines}
+    assert causes["send"] == "Global rank 1 never posted a receive for it (with its tag).", causes
+    for op in ("recv", "irecv.wait(timeout)", "recv_object_list"):
+        assert causes[op] == "Global rank 1 never sent a message with its tag.", causes
+    for op in ("all_reduce", "barrier", "all_to_all_single"):
+        assert causes[op].startswith("Global rank 1 never joined"), causes
+    whats = {fields["op"]: fields["what"] for fields in lines}
+    assert whats["broadcast"].startswith("broadcast (seq 2) from root 1,"), whats
 
 
 # -- monitored_barrier -----------------------------------------------------------------------

@@ -416,6 +416,27 @@ def test_mismatched_sizes_are_an_error_not_a_hang(dist, members, rank, size):
         dist.destroy_process_group(group)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("async_op", [False, True])
+def test_a_mismatch_shows_the_user_one_error(dist, members, rank, async_op):
+    """The error of differing calls is the DistDesyncError alone: the backend's own
+    CallsDiffer it was made from is neither its cause nor its context, so the user's
+    traceback does not show hpccomm's internals twice."""
+    with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1):
+        group = dist.new_group(members, timeout=10)
+    try:
+        x = np.ones(100 + rank, np.float32)
+        with pytest.raises(dist.DistError) as info:
+            work = dist.all_reduce(x, group=group, async_op=async_op)
+            if async_op:
+                work.wait()
+        if type(info.value) is dist.DistDesyncError:  # else the rank saw no peer's call
+            assert info.value.__cause__ is None and info.value.__suppress_context__, (
+                repr(info.value.__cause__ or info.value.__context__))
+    finally:
+        dist.destroy_process_group(group)
+
+
 @pytest.mark.mpi(min_size=1)
 def test_switched_off_and_empty_fall_back(dist, members, size):
     import hpccomm.shm

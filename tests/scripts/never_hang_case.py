@@ -77,7 +77,9 @@ def every_op_times_out():
             run()
         except dist.DistTimeoutError as exc:
             first = str(exc).split(" timed out")[0]
-            say(f"op={name}", f"elapsed={time.monotonic() - start:.2f}", f"what={first}")
+            cause = str(exc).split(" s). ", 1)[1].split(" The group is now unusable")[0]
+            say(f"op={name}", f"elapsed={time.monotonic() - start:.2f}", f"cause={cause}",
+                f"what={first}")
         else:
             say(f"op={name}", "no error")
     leave()
