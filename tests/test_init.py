@@ -74,6 +74,27 @@ def test_destroy_then_init_again_and_mpi4py_first():
     assert result.stdout.count("rounds ok") == 2
 
 
+def test_a_rank_late_to_destroy_is_no_failure():
+    """Rank 1 reaches destroy_process_group() well past the group's timeout after rank 0:
+    the default store's collective close finishes when it comes, without a word, and
+    both go on (a new init, then exit 0)."""
+    result = run_program("""
+        import time, hpccomm as dist
+        dist.init_process_group(timeout=1)
+        rank = dist.get_rank()
+        if rank == 1:
+            time.sleep(2.5)
+        dist.destroy_process_group()
+        dist.init_process_group(timeout=30)
+        dist.barrier()
+        dist.destroy_process_group()
+        print("done", rank, flush=True)
+    """, n=2)
+    assert result.code == 0, result.output
+    assert result.stdout.count("done") == 2, result.output
+    assert "store" not in result.output, result.output
+
+
 def test_world_size_env_mismatch_is_reported():
     result = run_program("""
         import hpccomm as dist

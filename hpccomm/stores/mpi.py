@@ -36,7 +36,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Deque, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 from hpccomm import mpi_level
 
@@ -266,18 +266,16 @@ class _Shared:
         return True
 
     def close(self) -> None:
-        """Collective shutdown: every rank done with its requests, then stop and free."""
+        """Collective shutdown: every rank done with its requests, then stop and free
+        (once every rank came: see :func:`_close_collectively`)."""
         if not self._retire():
             return
-        try:
-            _wait_request(self.comm.Ibarrier(), self.timeout_s, "close (a barrier)")
-        except MPI.Exception as exc:  # a rank died (MPI with ULFM): nobody left to wait for
-            log.info("MPIStore: closed without the other ranks: %s",
-                     exc.Get_error_string().strip())
-        finally:
+
+        def finish() -> None:
             if self.server is not None:
                 self.server.stop()
-        self.comm.Free()
+            self.comm.Free()
+        _close_collectively(self.comm, finish, self.timeout_s, "MPIStore")
 
     def abandon(self) -> None:
         """Forget the store without a collective close (a member died): stop rank 0's
@@ -289,13 +287,53 @@ class _Shared:
 #: Stores not closed yet (MPIStores' shared state, JobTCPStores), in creation order (the
 #: same on every rank).
 _open: List[Any] = []
+#: Collective closes still waiting for ranks that came later than the store's timeout:
+#: ``(barrier request, finish, store's name, timeout)``.
+_closing: List[Tuple[Any, Callable[[], None], str, float]] = []
+
+
+def _close_collectively(comm: Any, finish: Callable[[], None], seconds: float,
+                        store: str) -> None:
+    """A store's collective close: a barrier of ``comm`` (every rank done with its
+    requests), then ``finish()`` (rank 0 stops serving, the communicator is freed).
+
+    A rank that reaches its close later than ``seconds`` after this one (a rank late to
+    ``destroy_process_group``) is no failure: this rank goes on, and the close finishes
+    once that rank came (tested whenever a store is made or closed, waited for at exit;
+    rank 0 serves until then). Only a rank that has not come by the end of the process
+    is reported (:func:`_close_at_exit`)."""
+    _reap_closes()
+    try:
+        request = comm.Ibarrier()
+        try:
+            _wait_request(request, seconds, "close (a barrier)", store)
+        except DistStoreError:  # late, not lost: finished when it comes
+            _closing.append((request, finish, store, seconds))
+            return
+    except MPI.Exception as exc:  # a rank died (MPI with ULFM): nobody left to wait for
+        log.info("%s: closed without the other ranks: %s", store,
+                 exc.Get_error_string().strip())
+    finish()
+
+
+def _reap_closes() -> None:
+    """Finish the pending closes whose late ranks have come (one test each)."""
+    for entry in list(_closing):
+        try:
+            done = entry[0].Test()
+        except MPI.Exception:  # a rank died (ULFM): nobody left to wait for
+            done = True
+        if done:
+            _closing.remove(entry)
+            entry[1]()
 
 
 @atexit.register
 def _close_at_exit() -> None:
     """Close forgotten stores before mpi4py finalizes MPI (atexit is LIFO, so this runs
-    first). Collective like MPI_Finalize itself: rank 0 keeps serving until every rank
-    has reached exit, so no rank loses the answer to its last request."""
+    first), and finish the closes that waited for late ranks. Collective like
+    MPI_Finalize itself: rank 0 keeps serving until every rank has reached exit (or its
+    close), so no rank loses the answer to its last request."""
     for shared in list(_open):
         if MPI.Is_finalized():
             return
@@ -303,12 +341,27 @@ def _close_at_exit() -> None:
             shared.close()
         except DistStoreError as exc:
             log.warning("%s", exc)
+    while _closing and not MPI.Is_finalized():
+        request, finish, store, seconds = _closing.pop(0)
+        try:
+            _wait_request(request, seconds, "close", store)
+        except DistStoreError:
+            log.warning(
+                "hpccomm: %s: this rank exits, but other ranks never closed the store "
+                "(by destroy_process_group() or at their exit) within %gs of its close "
+                "and %gs more at its exit: a rank that never got there is stuck or "
+                "gone, and its own output says where; the store stops serving now",
+                store, seconds, seconds)
+        except MPI.Exception:  # a rank died (ULFM)
+            pass
+        finish()
 
 
 def job_store(comm: Optional[Any] = None, timeout: Timeout = DEFAULT_TIMEOUT) -> RequestStore:
     """The store of a job over ``comm`` (default ``MPI.COMM_WORLD``), collective: an
     :class:`MPIStore` when MPI runs at MPI_THREAD_MULTIPLE, else a :class:`JobTCPStore`
     (rank 0's server thread may not call MPI below that level)."""
+    _reap_closes()
     if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
         return MPIStore(comm, timeout)
     return JobTCPStore(comm, timeout)
@@ -384,21 +437,19 @@ class JobTCPStore(TCPStore):
         return self._size
 
     def close(self) -> None:
-        """Collective: every rank done with its requests, then the server stops."""
+        """Collective: every rank done with its requests, then the server stops (once
+        every rank came: see :func:`_close_collectively`)."""
         comm, self._comm = self._comm, None
         if self in _open:
             _open.remove(self)
-        try:
-            if comm is not None:
-                _wait_request(comm.Ibarrier(), self._timeout_s, "close (a barrier)",
-                              "JobTCPStore")
-        except MPI.Exception as exc:  # a rank died (MPI with ULFM)
-            log.info("JobTCPStore: closed without the other ranks: %s",
-                     exc.Get_error_string().strip())
-        finally:  # the server stops even when the barrier timed out
-            if comm is not None:
-                comm.Free()
+        if comm is None:
             super().close()
+            return
+
+        def finish() -> None:
+            comm.Free()
+            TCPStore.close(self)
+        _close_collectively(comm, finish, self._timeout_s, "JobTCPStore")
 
     def abandon(self) -> None:
         """Give the store up without the collective close (a member died); local."""
