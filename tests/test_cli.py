@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import hpccomm as hpccomm_package
 from hpccomm import cli, excepthook
 from hpccomm.cli import launch, rank_env
 from helpers import job_env, run_job
@@ -484,14 +485,20 @@ def test_info_reports_mpi_and_environment():
     assert report["h5py"].get("parallel (MPI) HDF5") in (False, None) or "h5py" in report["h5py"]
     from hpccomm import __version__
     assert report["hpccomm"]["version"] == __version__
+    assert report["hpccomm"]["location"] == os.path.dirname(os.path.abspath(hpccomm_package.__file__))
     placement = report["placement"]  # one process: one node, one rank, shared memory off
     assert (placement["nodes"], placement["ranks on this node"]) == (1, 1), placement
     assert placement["shared memory"] == "off: a world of one"
 
 
-def test_info_reports_the_placement_of_simulated_nodes():
-    done = run_job([sys.executable, "-m", "hpccomm", "info", "--json"], 2,
-                   env={"HPCCOMM_NODES": "2"}, clean=CLEAN, limit=90)
+@pytest.mark.parametrize("n", [2, 4])
+def test_info_reports_the_placement_of_simulated_nodes(n):
+    """At 2 ranks, one per node: no shared memory for the default group. At 4, two per
+    node (ranks counted as each having a CPU): its large all_reduce takes shared memory
+    within each node, as docs/cluster.md says."""
+    done = run_job([sys.executable, "-m", "hpccomm", "info", "--json"], n,
+                   env={"HPCCOMM_NODES": "2", "HPCCOMM_OVERSUBSCRIBED": "0"}, clean=CLEAN,
+                   limit=90)
     assert done.code == 0, done.stderr
     decoder, text, reports, worlds = json.JSONDecoder(), done.stdout, [], []
     while text.strip():  # one JSON report per rank, in rank order
@@ -499,13 +506,17 @@ def test_info_reports_the_placement_of_simulated_nodes():
         reports.append(report["placement"])
         worlds.append(report["MPI"]["world"])
         text = text.lstrip()[end:]
-    assert worlds == ["rank 0 of 2", "rank 1 of 2"]
-    assert len(reports) == 2
+    assert worlds == [f"rank {r} of {n}" for r in range(n)]
+    assert len(reports) == n
     for placement in reports:
-        assert placement["nodes"] == 2 and placement["ranks on this node"] == 1, placement
+        assert placement["nodes"] == 2 and placement["ranks on this node"] == n // 2, placement
         assert placement["simulated nodes"] == 2
-        assert placement["shared memory"].startswith("off for the default group: its ranks "
-                                                     "span 2 nodes"), placement
+        if n == 2:
+            assert placement["shared memory"].startswith(
+                "off for the default group: its ranks span 2 nodes"), placement
+        else:
+            assert placement["shared memory"].startswith(
+                "within each node for the default group's all_reduce from 16 MiB"), placement
 
 
 def test_info_under_a_launcher_prints_the_job_from_rank_0():

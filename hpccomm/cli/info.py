@@ -48,7 +48,8 @@ def _guard(probe: Callable[[], Section]) -> Section:
 def hpccomm_section() -> Section:
     from .._version import __version__
 
-    return {"version": __version__, "location": os.path.dirname(os.path.abspath(__file__))}
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # not cli/
+    return {"version": __version__, "location": package}
 
 
 def python_section() -> Section:
@@ -126,8 +127,7 @@ def placement_section() -> Section:
     elif not shm.enabled():
         memory = f"off: {settings.SHM.name} says so"
     elif where.nodes > 1:
-        memory = (f"off for the default group: its ranks span {where.nodes} nodes (groups "
-                  f"within one node use it)")
+        memory = _across_nodes(where, MPI.COMM_WORLD.allgather(where.local_size))
     else:
         memory = "on for large collectives of the default group (one node)"
     return {"nodes": where.nodes, "ranks on this node": where.local_size,
@@ -136,6 +136,26 @@ def placement_section() -> Section:
             "crowded (waits yield often)": "yes" if where.crowded else "no",
             "simulated nodes": placement.simulated_nodes() or "no",
             "shared memory": memory}
+
+
+def _across_nodes(where: Any, per_node: List[int]) -> str:
+    """What shared memory does for a default group that spans nodes (``per_node``: each
+    rank's count of ranks on its node), as the group's communicator decides it."""
+    from ..backends.shm import hier
+    from .bench import size_text
+
+    nodes = f"its ranks span {where.nodes} nodes"
+    if min(per_node) < 2 or min(per_node) != max(per_node):
+        return (f"off for the default group: {nodes}, which do not each hold the same "
+                f"number (two or more) of them (groups within one node use it)")
+    forced = settings.SHM_MIN_BYTES.get()
+    if not forced and where.crowded:
+        return (f"off for the default group: {nodes}, and its all_reduce takes shared memory "
+                f"within each node only where the ranks have a CPU each (here more ranks "
+                f"than CPUs; groups within one node use it)")
+    return (f"within each node for the default group's all_reduce from "
+            f"{size_text(forced or hier.DEFAULT_MIN_BYTES)} ({nodes}: MPI between them, "
+            f"and for its other collectives); groups within one node use it for all")
 
 
 def _gated(vendor: str) -> str:
