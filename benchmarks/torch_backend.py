@@ -30,13 +30,17 @@ measured the same way.
 
 Outputs: ``docs/results/bench_torch_n{N}.csv`` (one row per size), ``docs/results/bench_torch_n{N}.json``
 (metadata: load average before and after, versions), ``docs/results/bench_torch_n{N}.md`` (the
-tables and the goals checked) and ``docs/results/bench_torch_n{N}.png`` (the plot).
+tables and the goals checked) and ``docs/results/bench_torch_n{N}.png`` (the plot), or the
+same names in ``--out DIR``. It needs torch and, for the plot, matplotlib (the ``bench``
+extra: ``pip install 'hpccomm[bench]'``); without matplotlib it says so before it
+measures, and writes everything but the plot.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -54,7 +58,7 @@ from hpccomm import collectives as hpccomm_collectives
 from hpccomm import init as hpccomm_init
 from hpccomm.cli.bench import DEFAULT_SIZES, measure, size_text
 
-from common import result, write_csv
+from common import RESULTS, write_csv
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -244,8 +248,20 @@ def plot(rows: List[Dict], ddp: Dict, meta: Dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def render(stem: str) -> None:
-    """The markdown table and the plot of a finished run, from its CSV and JSON."""
+#: What a run without matplotlib says before it measures (and ``--render`` instead of
+#: drawing).
+NO_MATPLOTLIB = ("benchmarks/torch_backend.py: matplotlib is not installed, so no plot "
+                 "(.png) is drawn; the table (.md) and the numbers (.csv, .json) are written. "
+                 "pip install 'hpccomm[bench]' (or matplotlib), then redraw with --render N")
+
+
+def has_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def render(stem: str) -> bool:
+    """The markdown table and the plot of a finished run, from its CSV and JSON; whether
+    the plot was drawn (it needs matplotlib)."""
     with open(stem + ".csv", newline="") as f:
         rows = [{k: (int(v) if k in ("bytes", "rounds", "gloo_rounds") else float(v)) for k, v in r.items()}
                 for r in csv.DictReader(f)]
@@ -253,7 +269,10 @@ def render(stem: str) -> None:
         meta = json.load(f)
     with open(stem + ".md", "w") as f:
         f.write(markdown(rows, meta["ddp"], meta))
+    if not has_matplotlib():
+        return False
     plot(rows, meta["ddp"], meta, stem + ".png")
+    return True
 
 
 def main() -> None:
@@ -264,15 +283,22 @@ def main() -> None:
                         help="seconds of measuring per size (default 1.0)")
     parser.add_argument("--ddp", default="1024x4x32",
                         help="DDP model WIDTHxDEPTHxBATCH, or 'none' (default 1024x4x32)")
-    parser.add_argument("--out", default=None,
-                        help="directory for the outputs (default docs/results/)")
+    parser.add_argument("--out", default=RESULTS,
+                        help="directory for the outputs, made if missing (default "
+                             "docs/results/, or $BENCH_RESULTS)")
     parser.add_argument("--render", type=int, metavar="N",
                         help="measure nothing: rewrite the table and plot of an N-rank run "
                              "from its CSV and JSON in --out (no launcher needed)")
     args = parser.parse_args()
     if args.render:
-        render(os.path.join(args.out, f"bench_torch_n{args.render}"))
+        stem = os.path.join(args.out, f"bench_torch_n{args.render}")
+        drawn = render(stem)
+        print(f"wrote {stem}.md" + (" and .png" if drawn else ""), flush=True)
+        if not drawn:
+            raise SystemExit(NO_MATPLOTLIB)
         return
+    if not has_matplotlib() and MPI.COMM_WORLD.rank == 0:
+        print(NO_MATPLOTLIB, flush=True)
     sizes = DEFAULT_SIZES if args.sizes == "all" else [int(s) for s in args.sizes.split(",")]
     load_before = os.getloadavg()[0]
     torch.set_num_threads(1)  # one core per rank, as the ranks share the node
@@ -293,16 +319,15 @@ def main() -> None:
                 "torch": torch.__version__,
                 "command": f"mpiexec -n {comm.size} python benchmarks/torch_backend.py",
                 "ddp": ddp}
-        name = f"bench_torch_n{comm.size}"
-        stem = os.path.join(args.out, name) if args.out else result(name)
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, f"bench_torch_n{comm.size}")
         write_csv(stem + ".csv", rows)
         with open(stem + ".json", "w") as f:
             json.dump(meta, f, indent=1)
-        if ddp:
-            render(stem)
+        drawn = ddp and render(stem)
         print("\n".join(goals(rows)), flush=True)
-        print(f"wrote {stem}.csv/.json/.md/.png (load {load_before:.2f} -> "
-              f"{meta['load_after']:.2f})", flush=True)
+        print(f"wrote {stem}.csv/.json{'/.md' if ddp else ''}{'/.png' if drawn else ''} "
+              f"(load {load_before:.2f} -> {meta['load_after']:.2f})", flush=True)
     comm.Free()
     hpccomm_init.destroy_process_group()
     dist.destroy_process_group()
