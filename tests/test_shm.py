@@ -433,6 +433,13 @@ def test_a_mismatch_shows_the_user_one_error(dist, members, rank, async_op):
         if type(info.value) is dist.DistDesyncError:  # else the rank saw no peer's call
             assert info.value.__cause__ is None and info.value.__suppress_context__, (
                 repr(info.value.__cause__ or info.value.__context__))
+            # the group is unusable: a later call says so, as the same kind of error,
+            # naming its operation, rank and group like any other
+            with pytest.raises(dist.DistDesyncError) as again:
+                dist.all_reduce(x, group=group)
+            assert (f"hpccomm.all_reduce with shape ({x.size},) float32 on rank {rank}/"
+                    in str(again.value)), again.value
+            assert "an earlier operation stopped" in str(again.value), again.value
     finally:
         dist.destroy_process_group(group)
 

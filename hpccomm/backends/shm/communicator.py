@@ -40,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ... import settings
-from ...errors import DistBackendError
+from ...errors import CallsDiffer, DistBackendError
 from ...types import RedOpType, Tag
 from ... import work as _work
 from ...work import Started
@@ -287,6 +287,10 @@ class SharedMemoryCommunicator(MPICommunicator):
     # -- the engine -------------------------------------------------------------------
     def _start(self, op: Collective) -> Started:
         if self.failed is not None:
+            if isinstance(self.failed, CallsDiffer):  # as the small channel says it
+                raise CallsDiffer(f"an earlier operation stopped the group's shared-memory "
+                                  f"operations ({self.failed}); the group is unusable: "
+                                  f"destroy it")
             raise DistBackendError(f"an earlier shared-memory operation of this group "
                                    f"failed ({self.failed}); the group is unusable")
         self.queue.append(op)
