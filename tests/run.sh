@@ -73,7 +73,7 @@ TORCH_TESTS="tests/test_torch_collectives.py tests/test_torch_compatibility.py
 #: What MPICH's first run covers for the others, which would repeat it: the 4-rank
 #: variants of the frameworks' recipes (the 2-rank ones run everywhere), and torch's own
 #: test suite, which judges each torch release (run on both) rather than each MPI.
-FRAMEWORKS_AT_4="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[accelerate_cpu.py-4]
+FRAMEWORKS_AT_4="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[recipe_accelerate.py-4]
                  --deselect tests/test_frameworks.py::test_torchrun_script_runs_unchanged[4]
                  --deselect tests/test_frameworks.py::test_torch_mpi_backend_script_runs_unchanged[4]"
 TORCH_SUITE="--deselect tests/test_torch_suite.py"
@@ -83,13 +83,13 @@ TORCH_SUITE="--deselect tests/test_torch_suite.py"
 #: traceback test, torch's waits, debug names and re-initialization, DeepSpeed's recipe;
 #: the stalled NCCL creation at init, whose abort the stalled split shows on each library;
 #: the GPU collectives through the simulated nccl4py, which no MPI library changes),
-#: and jobs whose library part other tests cover (checkpoints, the examples, the bench
-#: table, the 4-rank DDP example, the mistakes on simulated nodes, the small channel's
+#: and jobs whose library part other tests cover (checkpoints, the examples, the docs'
+#: recipes and troubleshooting messages, the bench table, the 4-rank DDP example, the mistakes on simulated nodes, the small channel's
 #: counts of bytes and lines at 2-64 ranks, which its C code alone decides). The others keep what
 #: the launcher or the library decides: how jobs start, fail, abort and time out.
 SERIAL_MPICH_COVERS=()
 for nodeid in tests/test_architecture.py tests/test_core_types.py tests/test_settings.py \
-        tests/test_docs.py tests/test_mesh_layout.py tests/test_stores.py \
+        tests/test_docs.py tests/test_troubleshooting.py tests/test_mesh_layout.py tests/test_stores.py \
         tests/test_store_tcp.py tests/test_store_file.py tests/test_gpu_setup.py \
         tests/test_gpu_lifecycle.py \
         tests/test_torch_compatibility.py tests/torch_port/ tests/test_checkpoint.py \
@@ -103,7 +103,7 @@ for nodeid in tests/test_architecture.py tests/test_core_types.py tests/test_set
         tests/test_torch_launch.py::test_torch_debug_detail_on_every_name \
         tests/test_torch_launch.py::test_mixed_cpu_hpccomm_cuda_nccl \
         "tests/test_torch_launch.py::test_ddp_example[hpccomm run-4]" \
-        "tests/test_frameworks.py::test_recipe_trains_like_gloo[deepspeed_cpu.py-2]" \
+        "tests/test_frameworks.py::test_recipe_trains_like_gloo[recipe_deepspeed.py-2]" \
         tests/test_cli.py::test_bench_measures_hpccomm_against_mpi4py_on_two_ranks \
         "tests/test_mistakes.py::test_every_rank_names_the_mistake[4-ranks-2-nodes]" \
         tests/test_shm_traffic.py; do
@@ -111,7 +111,7 @@ for nodeid in tests/test_architecture.py tests/test_core_types.py tests/test_set
 done
 #: Lightning Fabric's recipe finds the job as Lightning's Trainer does (the Trainer's recipe
 #: runs everywhere): MPICH's torch 2.13 run keeps it.
-SERIAL_MPICH_COVERS+=("--serial-deselect=tests/test_frameworks.py::test_recipe_trains_like_gloo[lightning_fabric.py-2]")
+SERIAL_MPICH_COVERS+=("--serial-deselect=tests/test_frameworks.py::test_recipe_trains_like_gloo[recipe_fabric.py-2]")
 #: Intel MPI is MPICH's derivative (the same Hydra launcher, MPICH's ABI): its run keeps
 #: what Intel changes (its environment, pinning, abort, thread levels, datatypes), and
 #: leaves to MPICH's run the pytest plugin's job control, the group deadlines, Slurm's
@@ -137,8 +137,8 @@ MISTAKES_OPENMPI=("--serial-deselect=tests/test_mistakes.py::test_every_rank_nam
 OTHERS_REPEATS=10
 #: DeepSpeed's and Lightning Fabric's recipes run on torch 2.13 only: the torch 2.14 run
 #: keeps the recipes of Lightning's Trainer and Accelerate.
-DEEPSPEED="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[deepspeed_cpu.py-2]
-           --deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[lightning_fabric.py-2]"
+DEEPSPEED="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[recipe_deepspeed.py-2]
+           --deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[recipe_fabric.py-2]"
 #: MPI tests that also run at 8 ranks (under Open MPI those where MPI carries the data:
 #: the shared-memory paths' only MPI calls are their set-up), and those that run with
 #: the sanitized helpers

@@ -516,13 +516,6 @@ def test_2x2x2_mesh_at_8_ranks():
     print("MESH8", report)
 
 
-def test_tp_matmul_example_at_4_ranks():
-    script = os.path.join(ROOT, "examples", "tp_matmul.py")
-    proc = _run([sys.executable, script], 4, limit=120)
-    assert proc.code == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "equals the NumPy product" in proc.stdout
-
-
 def _main_8():
     """Checks of the 2x2x2 mesh at 8 ranks; rank 0 prints the measurements."""
     import hpccomm as dist

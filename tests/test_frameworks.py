@@ -1,7 +1,7 @@
 """The frameworks PyTorch users come through, on hpccomm, with the real packages.
 
-Each recipe of docs/frameworks.md (examples/frameworks/) trains a few steps under
-mpiexec on hpccomm ("hpccomm" for Lightning, torch's "mpi" for Accelerate and DeepSpeed)
+Each recipe of docs/frameworks.md (examples/frameworks/), run with the command the page
+shows for it (read from the page), trains a few steps under mpiexec on hpccomm ("hpccomm" for Lightning, torch's "mpi" for Accelerate and DeepSpeed)
 and again on torch's gloo (started by ``hpccomm run --torch``, which sets MASTER_ADDR and
 MASTER_PORT); the final weights must be identical on every rank and agree between the
 two backends to float32 round-off. Also the scripts that need no edit at all under
@@ -11,27 +11,58 @@ A framework that is not installed is skipped, naming the extra that installs it.
 import importlib.util
 import json
 import os
+import shlex
 import sys
 import warnings
 
 import pytest
 
+import doc_recipes
 from helpers import TORCH_LAUNCH, run_job
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'hpccomm[torch]'); "
                                     "the torch backend is untested")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPES = os.path.join(ROOT, "examples", "frameworks")
 LIMIT = 300  # DeepSpeed compiles its CPU communication op on its first run (about a minute)
 
-#: recipe -> (package it needs, hpccomm's backend name for it, world sizes tested)
+#: recipe -> (package it needs, hpccomm's backend name for it, world sizes tested: the
+#: one docs/frameworks.md shows among them)
 CASES = {
-    "lightning_trainer.py": ("lightning", "hpccomm", (2,)),
-    "lightning_fabric.py": ("lightning", "hpccomm", (2,)),
-    "accelerate_cpu.py": ("accelerate", "mpi", (2, 4)),
-    "deepspeed_cpu.py": ("deepspeed", "mpi", (2,)),
+    "recipe_lightning.py": ("pytorch_lightning", "hpccomm", (2,)),
+    "recipe_fabric.py": ("lightning_fabric", "hpccomm", (2,)),
+    "recipe_accelerate.py": ("accelerate", "mpi", (2, 4)),
+    "recipe_deepspeed.py": ("deepspeed", "mpi", (2,)),
 }
+PAGE = "docs/frameworks.md"
+SHOWN = doc_recipes.page_commands(PAGE)
+
+
+def shown(prefix):
+    """The page's commands that start with ``prefix``, as words."""
+    return [shlex.split(command) for command in SHOWN if command.startswith(prefix)]
+
+
+def test_the_page_shows_the_commands_run_here():
+    """Each recipe's command on the page is the one these tests run (at one of their
+    world sizes), and so are the scripts that run under hpccomm run --torch."""
+    recipes = shown("mpiexec -n ")
+    assert sorted(words[4] for words in recipes) == sorted(
+        f"examples/frameworks/{recipe}" for recipe in CASES), SHOWN
+    for words in recipes:
+        assert words[:2] == ["mpiexec", "-n"] and words[3] == "python" and len(words) == 5, words
+        assert int(words[2]) in CASES[os.path.basename(words[4])][2], words
+    torch_runs = [" ".join(words) for words in shown("hpccomm run --torch ")]
+    assert torch_runs == ["hpccomm run --torch -n 4 examples/torch_mpi_backend.py",
+                          "hpccomm run --torch -n 4 train.py"], SHOWN
+
+
+def recipe_argv(recipe):
+    """The recipe's command line on the page, from ``python`` on (this Python)."""
+    for words in shown("mpiexec -n "):
+        if os.path.basename(words[4]) == recipe:
+            return [sys.executable, os.path.join(ROOT, words[4])]
+    raise AssertionError(f"{PAGE} shows no command for {recipe}")
 
 
 #: How gloo's teardown sometimes ends a process that has finished its work: a C++
@@ -65,7 +96,8 @@ def trained(recipe, n, backend, tmp_path):
     """Each rank's ``{"backend", "weights"}`` after the recipe ran on ``backend``."""
     out = tmp_path / backend
     out.mkdir()
-    script = os.path.join(RECIPES, recipe)
+    argv = recipe_argv(recipe)
+    script = argv[1]
     # the ops DeepSpeed compiles go to this test's own folder: a build killed elsewhere
     # (its lock file left behind in ~/.cache) cannot make this one wait
     env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")}
@@ -75,7 +107,7 @@ def trained(recipe, n, backend, tmp_path):
                finished=lambda: all((out / f"rank{r}.json").exists() for r in range(n)),
                env=env)
     else:  # as the recipe says: plain mpiexec, the backend's default choice
-        launch([sys.executable, script, "--out", str(out)], n, env=env)
+        launch(argv + ["--out", str(out)], n, env=env)
     return weights(out, n)
 
 

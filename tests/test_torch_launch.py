@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import doc_recipes
 from helpers import TORCH_LAUNCH, result_lines, run_job
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'hpccomm[torch]'); "
@@ -124,12 +125,21 @@ def test_every_kind_of_wait_times_out_naming_the_operation():
 
 # -- the example -------------------------------------------------------------------------------
 EXAMPLE = os.path.join(ROOT, "examples", "torch_ddp.py")
+#: The README's command for it, run as written (its ``.venv/bin/python``: this Python)
+SHOWN = [command for command in doc_recipes.page_commands("README.md")
+         if "examples/torch_ddp.py" in command]
+
+
+def test_the_readme_shows_the_command_run_here():
+    assert SHOWN == ["mpiexec -n 2 .venv/bin/python examples/torch_ddp.py"], SHOWN
 
 
 @pytest.mark.parametrize("launcher,n", [("mpiexec", 2), ("hpccomm run", 4)])
 def test_ddp_example(launcher, n):
-    if launcher == "mpiexec":
-        code, output = run([EXAMPLE], n=n, limit=180)
+    if launcher == "mpiexec":  # the README's command
+        words = SHOWN[0].split()
+        assert words[:3] == ["mpiexec", "-n", str(n)], SHOWN
+        code, output = run([os.path.join(ROOT, words[4])], n=n, limit=180)
     else:
         code, output = run(["-m", "hpccomm", "run", "-n", str(n), EXAMPLE], limit=180)
     assert code == 0, output

@@ -1,6 +1,6 @@
 """Hugging Face Accelerate on CPUs under mpiexec, on torch's "mpi" backend served by hpccomm.
 
-    mpiexec -n 2 python examples/frameworks/accelerate_cpu.py
+    mpiexec -n 2 python examples/frameworks/recipe_accelerate.py
 
 ``Accelerator(cpu=True)`` picks backend "mpi" when ``torch.distributed.is_mpi_available()``,
 which ``import hpccomm.torch`` makes true: no MASTER_ADDR, no ``accelerate launch``.
@@ -10,10 +10,11 @@ MASTER_ADDR and MASTER_PORT: start it with ``hpccomm run --torch``).
 import argparse
 
 import torch
-import hpccomm.torch  # noqa: F401  torch.distributed.is_mpi_available() is now True
-from accelerate import Accelerator, PartialState
+import hpccomm.torch  # torch.distributed.is_mpi_available() is now True
+from accelerate import Accelerator
+from accelerate.state import PartialState
 
-from common import dataset, model, report
+from recipe_common import dataset, model as make_model, report
 
 
 def main():
@@ -23,18 +24,19 @@ def main():
     args = parser.parse_args()
     if args.backend:
         PartialState(cpu=True, backend=args.backend)
-    accelerator = Accelerator(cpu=True)
-    net = model()
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    data = torch.utils.data.DataLoader(dataset(), batch_size=8)
-    net, optimizer, data = accelerator.prepare(net, optimizer, data)
-    for x, y in data:
+    model, loss_fn = make_model(), torch.nn.functional.mse_loss
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(dataset(), batch_size=8)
+    accelerator = Accelerator(cpu=True)  # chooses backend "mpi"
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for x, y in loader:
         optimizer.zero_grad()
-        accelerator.backward(torch.nn.functional.mse_loss(net(x), y))
+        accelerator.backward(loss_fn(model(x), y))
         optimizer.step()
-    seen = accelerator.gather(torch.tensor([accelerator.process_index]))
-    assert seen.tolist() == list(range(accelerator.num_processes)), seen
-    report(args.out, accelerator.process_index, accelerator.state.backend, net)
+    predictions = torch.tensor([accelerator.process_index])
+    gathered = accelerator.gather(predictions)
+    assert gathered.tolist() == list(range(accelerator.num_processes)), gathered
+    report(args.out, accelerator.process_index, accelerator.state.backend, model)
     accelerator.wait_for_everyone()  # every rank done before the group is torn down
     accelerator.end_training()
 

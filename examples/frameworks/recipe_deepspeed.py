@@ -1,6 +1,6 @@
 """DeepSpeed on CPUs under mpiexec, on torch's "mpi" backend served by hpccomm.
 
-    mpiexec -n 2 python examples/frameworks/deepspeed_cpu.py
+    mpiexec -n 2 python examples/frameworks/recipe_deepspeed.py
 
 ``--backend gloo`` trains the same on torch's gloo for comparison (start that one with
 ``hpccomm run --torch``, which sets MASTER_ADDR and MASTER_PORT). The first run on a
@@ -9,10 +9,10 @@ machine compiles DeepSpeed's CPU communication op (about a minute).
 import argparse
 
 import torch
-import hpccomm.torch  # noqa: F401  serves torch's backend name "mpi"
+import hpccomm.torch  # serves torch's backend name "mpi"
 import deepspeed
 
-from common import dataset, model, report
+from recipe_common import dataset as make_dataset, model as make_model, report
 
 
 def main():
@@ -24,13 +24,14 @@ def main():
     size = torch.distributed.get_world_size()
     config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
               "train_batch_size": 8 * size, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
-    net = model()
-    engine, _, data, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
-                                              training_data=dataset(), config=config)
-    for x, y in data:
+    model, dataset = make_model(), make_dataset()
+    engine, optimizer, loader, _ = deepspeed.initialize(model=model,
+                                                        model_parameters=model.parameters(),
+                                                        training_data=dataset, config=config)
+    for x, y in loader:
         engine.backward(torch.nn.functional.mse_loss(engine(x), y))
         engine.step()
-    report(args.out, torch.distributed.get_rank(), torch.distributed.get_backend(), net)
+    report(args.out, torch.distributed.get_rank(), torch.distributed.get_backend(), model)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
 """Lightning Fabric on hpccomm: DDP training and Fabric's own collectives over MPI.
 
-    mpiexec -n 2 python examples/frameworks/lightning_fabric.py
+    mpiexec -n 2 python examples/frameworks/recipe_fabric.py
 
-``--backend gloo`` trains the same on torch's gloo for comparison.
+``--backend gloo`` trains the same on torch's gloo for comparison. It imports
+``lightning_fabric``, which both ``pip install pytorch-lightning`` and
+``pip install lightning`` install.
 """
 import argparse
 
 import torch
 import hpccomm.torch  # noqa: F401  registers backend "hpccomm" (and "mpi") with torch
-from lightning.fabric import Fabric
-from lightning.fabric.plugins.environments import MPIEnvironment
-from lightning.fabric.strategies import DDPStrategy
+from lightning_fabric import Fabric
+from lightning_fabric.plugins.environments import MPIEnvironment
+from lightning_fabric.strategies import DDPStrategy
 
-from common import dataset, model, report
+from recipe_common import dataset, model, report
 
 
 def main():
