@@ -416,6 +416,31 @@ def test_mismatched_sizes_are_an_error_not_a_hang(dist, members, rank, size):
         dist.destroy_process_group(group)
 
 
+def test_the_descriptor_tag_tells_round_sizes_apart():
+    """The tag the ring and the two-rank kernel compare stands for the operation's size:
+    whole mebibytes (whose low 20 bits are all zero) get tags of their own."""
+    from hpccomm.backends.shm import algorithms
+
+    f64 = np.dtype(np.float64)
+    tags = [algorithms.tag_of(1, k << 20, f64) for k in range(1, 257)]
+    assert len(set(tags)) == len(tags)
+    assert algorithms.tag_of(1, 3 << 20, f64) == tags[2]  # the same call, the same tag
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sizes_a_mebibyte_apart_are_told_apart(dist, members, rank):
+    """1 MiB against 2 MiB on the shared-memory paths is a DistDesyncError on every rank,
+    not one rank's sum of mixed data while another waits for the rest."""
+    with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1):
+        group = dist.new_group(members, timeout=10)
+    try:
+        x = np.ones((2 if rank == members[1] else 1) << 17)  # float64: 1 or 2 MiB
+        with pytest.raises(dist.DistDesyncError, match="ranks called different"):
+            dist.all_reduce(x, group=group)
+    finally:
+        dist.destroy_process_group(group)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("async_op", [False, True])
 def test_a_mismatch_shows_the_user_one_error(dist, members, rank, async_op):

@@ -45,6 +45,7 @@ from .segment import CONSUMED, ENTER, OFFSET, REDUCED, SEGMENT, STAGED
 LOOKAHEAD = 2
 _TAG_BITS = 20
 _TAG_MASK = (1 << _TAG_BITS) - 1
+_WORD = (1 << 64) - 1
 _ZC_BIT = 1 << _TAG_BITS
 _SEQ_SHIFT = _TAG_BITS + 1
 #: What the C kernel of pair mode (:mod:`.pair`) must know of the control block.
@@ -54,8 +55,16 @@ KERNEL_LAYOUT = dict(staged=STAGED, reduced=REDUCED, consumed=CONSUMED, enter=EN
 
 def tag_of(code: int, total_bytes: int, dtype: Any, variant: int = 0) -> int:
     """The descriptor's tag of an operation: its kind, size and dtype, and ``variant``
-    (a reduction's kind, a broadcast's root), which every rank must agree on."""
-    return (code * 0x9E37 ^ total_bytes * 31 ^ dtype.num ^ variant * 0x3C6EF) & _TAG_MASK
+    (a reduction's kind, a broadcast's root), which every rank must agree on.
+
+    The size goes through a 64-bit mix (splitmix64's finalizer) before the tag keeps
+    ``_TAG_BITS`` bits: its low bits alone would give sizes that differ by a multiple
+    of 1 MiB (16 against 32 MiB) the same tag, and such calls would pass for one."""
+    mixed = (total_bytes * 0x9E3779B97F4A7C15) & _WORD
+    mixed = ((mixed ^ (mixed >> 30)) * 0xBF58476D1CE4E5B9) & _WORD
+    mixed = ((mixed ^ (mixed >> 27)) * 0x94D049BB133111EB) & _WORD
+    mixed ^= mixed >> 31
+    return (code * 0x9E37 ^ mixed ^ dtype.num ^ variant * 0x3C6EF) & _TAG_MASK
 
 
 def descriptor(seq: int, tag: int) -> int:
