@@ -194,7 +194,12 @@ def grow_group(spawn: Optional[Sequence[str]] = None, *, join: Optional[str] = N
     which ranks joined; :func:`hpccomm.checkpoint.hand_over` gives them the state.
     """
     pg = resolve(group, "grow_group")
-    comm, places, joined = grown_world(pg, spawn, join, count, timeout)
+    if pg is not registry.world:
+        raise pg.error("grow_group", "only the default group grows (every other group is "
+                                     "made again after it, with the same calls)")
+    job_store = type(registry.store).__name__ in ("MPIStore", "JobTCPStore")
+    comm, places, joined = grown_world(pg, spawn, join, count, timeout, registry.places,
+                                       registry.full_size, job_store)
     from .init import replace_default_group
 
     new = replace_default_group(comm, f"{pg.group_desc}:grown", False, places)
@@ -210,16 +215,17 @@ def newcomers() -> List[int]:
 
 
 def grown_world(pg: ProcessGroup, spawn: Optional[Sequence[str]], join: Optional[str],
-                count: Optional[int], timeout: Any) -> Tuple[Any, List[int], List[int]]:
-    """The MPI communicator of :func:`grow_group`'s result, each of its ranks' place, and
-    the newcomers' ranks, for the default ``ProcessGroup`` ``pg`` (the torch adapter's
-    too); ``pg`` itself is left as it is."""
+                count: Optional[int], timeout: Any, places: Optional[List[int]] = None,
+                full_size: int = 0, job_store: bool = True
+                ) -> Tuple[Any, List[int], List[int]]:
+    """The MPI communicator of :func:`grow_group`'s result, each of its ranks' place,
+    and the newcomers' ranks, for a ``ProcessGroup`` ``pg`` (the torch adapter's default
+    group too) whose ranks hold ``places`` (default: their ranks) out of ``full_size``;
+    ``pg`` itself is left as it is. ``job_store``: the newcomers make the job's store
+    over MPI (else they make the one their ``init_process_group`` names)."""
     from .backends.mpi import join as mpi_join
 
     op = "grow_group"
-    if pg is not registry.world and registry.world is not None:
-        raise pg.error(op, "only the default group grows (every other group is made "
-                           "again after it, with the same calls)")
     if (spawn is None) == (join is None):
         raise pg.error(op, "give spawn=[command, args...] (processes started here) or "
                            "join=DIRECTORY (a job started with HPCCOMM_JOIN=DIRECTORY)")
@@ -227,9 +233,8 @@ def grown_world(pg: ProcessGroup, spawn: Optional[Sequence[str]], join: Optional
                               or not all(isinstance(a, str) for a in spawn)):
         raise pg.error(op, f"spawn must be a list of strings, the command and its "
                            f"arguments, got {spawn!r}")
-    current = registry.places if pg is registry.world and registry.places \
-        else list(range(pg.size()))
-    vacant = registry.vacant() if pg is registry.world else []
+    current = list(places) if places else list(range(pg.size()))
+    vacant = sorted(set(range(full_size)) - set(current))
     if count is None:
         count = len(vacant)
         if not count:
@@ -246,9 +251,9 @@ def grown_world(pg: ProcessGroup, spawn: Optional[Sequence[str]], join: Optional
     order = sorted(current + new_places)
     rank_of = {place: rank for rank, place in enumerate(order)}
     base = {"timeout": pg.timeout, "backends": dict(pg.backend_names),
-            "full_size": max(registry.full_size, len(order)), "desc": f"{pg.group_desc}:grown",
+            "full_size": max(full_size, len(order)), "desc": f"{pg.group_desc}:grown",
             "places": order, "newcomers": [rank_of[p] for p in new_places],
-            "job_store": type(registry.store).__name__ in ("MPIStore", "JobTCPStore")}
+            "job_store": job_store}
     records = [dict(base, place=p) for p in new_places]
     rendezvous.meet_all(pg, op, seconds)
     if spawn is not None:

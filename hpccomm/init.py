@@ -190,7 +190,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         world_size = rank = -1  # as torch: the MPI backend takes them from MPI
     mpi = mpi_backend()
     seconds = timeout_seconds(timeout, default_pg_timeout.total_seconds())
-    joined = _join(seconds)
+    joined = join_running_job(seconds)
     if joined is not None:  # a newcomer: the running job's world, not its own
         _start_joined(joined, init_method, store)
         return
@@ -369,9 +369,11 @@ def start_world(comm: Any, desc: str, store: Any, places: List[int]) -> ProcessG
     return pg
 
 
-def _join(seconds: float) -> Any:
-    """This process's join of a running job (spawned by it, or ``HPCCOMM_JOIN``), or
-    ``None`` when it starts a world of its own."""
+def join_running_job(seconds: Optional[float]) -> Any:
+    """This process's join of a running job (spawned by its ``grow_group``, or started
+    with ``HPCCOMM_JOIN``): the grown world and the record it came with
+    (:class:`hpccomm.backends.mpi.join.Joined`), or ``None`` when this process starts a
+    world of its own. Waits up to ``seconds``; once per process."""
     from . import settings
 
     directory = settings.JOIN.get()

@@ -12,7 +12,7 @@ which is also the way out when the transfer itself fails.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
@@ -90,35 +90,31 @@ def _transfer(pg: Any, state: Any, src: int, receivers: List[int]) -> Any:
     try:
         if me == src:
             buffers: List[np.ndarray] = []
-            skeleton = _flatten(state, buffers)
+            skeleton = pack(state, buffers)
             broadcast_object_list([skeleton], src=src, group=sub)
             for buffer in buffers:
                 broadcast(buffer, src=src, group=sub)
             return state
         holder: List[Any] = [None]
         broadcast_object_list(holder, src=src, group=sub)
-        skeleton = holder[0]
-        specs: List[Tuple[str, str, Tuple[int, ...]]] = []
-        _collect(skeleton, specs)
-        arrays = []
-        for kind, dtype, shape, nbytes in specs:
-            buffer = np.empty(nbytes if kind == "torch" else shape,
-                              dtype=np.uint8 if kind == "torch" else np.dtype(dtype))
+        arrays = buffers_for(holder[0])
+        for buffer in arrays:
             broadcast(buffer, src=src, group=sub)
-            arrays.append(buffer)
-        return _rebuild(skeleton, arrays)
+        return unpack(holder[0], arrays)
     finally:
         destroy(sub)
 
 
-def _flatten(node: Any, buffers: List[np.ndarray]) -> Any:
-    """``node`` with each array leaf replaced by its spec; the arrays in ``buffers``."""
+def pack(node: Any, buffers: List[np.ndarray]) -> Any:
+    """``node`` with each array leaf (NumPy array, torch tensor) replaced by its spec,
+    the skeleton that :func:`buffers_for` and :func:`unpack` read; the arrays (a
+    tensor's as its bytes) appended to ``buffers``."""
     if isinstance(node, dict):
-        return {key: _flatten(value, buffers) for key, value in node.items()}
+        return {key: pack(value, buffers) for key, value in node.items()}
     if isinstance(node, list):
-        return [_flatten(value, buffers) for value in node]
+        return [pack(value, buffers) for value in node]
     if isinstance(node, tuple):
-        return tuple(_flatten(value, buffers) for value in node)
+        return tuple(pack(value, buffers) for value in node)
     if isinstance(node, np.ndarray):
         buffers.append(np.ascontiguousarray(node))
         return (_ARRAY, "numpy", node.dtype.str, node.shape, node.nbytes)
@@ -136,6 +132,14 @@ def _is_spec(node: Any) -> bool:
     return isinstance(node, tuple) and len(node) == 5 and node[0] == _ARRAY
 
 
+def buffers_for(skeleton: Any) -> List[np.ndarray]:
+    """Empty arrays to receive the arrays of a skeleton :func:`pack` made, in order."""
+    specs: List[Any] = []
+    _collect(skeleton, specs)
+    return [np.empty(nbytes, dtype=np.uint8) if kind == "torch" else
+            np.empty(shape, dtype=np.dtype(dtype)) for kind, dtype, shape, nbytes in specs]
+
+
 def _collect(node: Any, specs: List[Any]) -> None:
     if _is_spec(node):
         specs.append(node[1:])
@@ -147,8 +151,9 @@ def _collect(node: Any, specs: List[Any]) -> None:
             _collect(value, specs)
 
 
-def _rebuild(node: Any, arrays: List[np.ndarray]) -> Any:
-    """The skeleton with each spec replaced by its array, in order (``arrays`` consumed)."""
+def unpack(node: Any, arrays: List[np.ndarray]) -> Any:
+    """The skeleton with each spec replaced by its array of ``arrays``, in order (a torch
+    tensor made again, sharing the array's memory)."""
     position = [0]
 
     def walk(item: Any) -> Any:

@@ -43,11 +43,19 @@ def job_world() -> Any:
     return _state.survivors if _state.survivors is not None else mpi_backend().world()
 
 
-def continue_with(survivors: Any, failed: bool) -> None:
-    """From now on the job is ``survivors`` (an MPI communicator): the next ``mpi://``
-    rendezvous and default group are made over it, with a new store over it. The old
-    store is given up if ranks ``failed``; after a planned exclusion it stays open until
-    exit, where the excluded ranks close it together with the others."""
+def continue_with(survivors: Any, failed: bool, places: Optional[List[int]] = None,
+                  newcomers: Optional[List[int]] = None) -> None:
+    """From now on the job is ``survivors`` (an MPI communicator: the survivors of a
+    shrink, or the grown world), whose ranks hold ``places`` (their ranks when the job
+    had all of them): the next ``mpi://`` rendezvous and default group are made over it,
+    with a new store over it. The old store is given up if ranks ``failed``; otherwise
+    it stays open until exit, where the ranks that hold it close it together."""
+    if places is None:  # a shrink: the ranks kept keep their places
+        kept = mpi_backend().ranks_in(survivors, job_world())
+        places = [_state.places[r] if _state.places else r for r in kept]
+    _state.places = list(places)
+    _state.full_size = max([_state.full_size, len(places)] + [p + 1 for p in places])
+    _state.newcomers = list(newcomers or [])
     if _state.store is not None:
         if failed:
             _state.store.abandon()  # served over the old world, where a rank is dead
@@ -77,6 +85,38 @@ class _State:
         self.survivors: Any = None
         #: Stores of earlier worlds, closed at exit with the ranks excluded from them.
         self.retired: List[Any] = []
+        #: Each rank's place (its rank when the job had every rank; empty: its rank),
+        #: how many places there are, and the ranks that joined at the last grow.
+        self.places: List[int] = []
+        self.full_size = 0
+        self.newcomers: List[int] = []
+
+
+def places() -> List[int]:
+    """Each rank's place in the job (see :class:`_State`)."""
+    world = job_world()
+    return list(_state.places) if _state.places else list(range(world.Get_size()))
+
+
+def full_size() -> int:
+    return max(_state.full_size, job_world().Get_size())
+
+
+def newcomers() -> List[int]:
+    return list(_state.newcomers)
+
+
+def join_if_newcomer(seconds: Optional[float]) -> None:
+    """A process spawned by a job's ``grow_group`` (or started with ``HPCCOMM_JOIN``)
+    joins that job here, before its first rendezvous: its world is the grown one."""
+    if _state.survivors is not None:
+        return
+    joined = _init.join_running_job(seconds)
+    if joined is not None:
+        record = joined.record
+        _state.survivors = joined.comm
+        _state.places, _state.full_size = list(record["places"]), record["full_size"]
+        _state.newcomers = list(record["newcomers"])
 
 
 _state = _State()
@@ -93,6 +133,7 @@ def mpi_rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
     error on the others.
     """
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
+    join_if_newcomer(timeout.total_seconds())
     world = job_world()
     rank, size = world.Get_rank(), world.Get_size()
     seconds = timeout.total_seconds()
