@@ -16,7 +16,7 @@ timeout, the backends), then both sides merge (``MPI_Intercomm_merge``) and orde
 result by place (``MPI_Comm_split``), so a newcomer can take a dead rank's place.
 
 Deadlines. ``MPI_Comm_spawn`` cannot time out, so it runs in a helper thread on a
-duplicate of the communicator while the caller polls under the deadline; past it the
+duplicate of the communicator while the caller waits for it under the deadline; past it the
 caller raises (naming the command) and may go on with the communicator it had; the
 helper thread stays in MPI until the newcomers come, then lets them go (they are told
 nobody waits for them). The connecting side connects only once a handle is there, to a
@@ -90,14 +90,17 @@ def spawn(comm: Any, argv: Sequence[str], count: int, timeout: Optional[float],
 
     helper = threading.Thread(target=run, name="hpccomm-spawn", daemon=True)
     helper.start()
-    waited = poll(lambda: not helper.is_alive(), timeout)
-    if waited:
+    helper.join(timeout)  # no MPI call here: MPICH holds its lock through the spawn
+    if helper.is_alive():
         gave_up.set()
         if helper.is_alive():
+            stuck = ("; this MPI library runs the spawn under its global lock, so the "
+                     "process's next MPI call waits until the spawn ends"
+                     if MPI.get_vendor()[0] != "Open MPI" else "")
             raise DistTimeoutError(
                 f"{what}: the {count} process(es) spawned to join ({' '.join(argv)}) did "
                 f"not start MPI within {timeout} s; nothing joined, and the group goes on "
-                f"as it was (they are told so if they start later)")
+                f"as it was (they are told so if they start later){stuck}")
     dup.Free()
     if "error" in found:
         exc = found["error"]
@@ -178,8 +181,8 @@ def shared_handles(comm: Any, directory: str, count: int, timeout: Optional[floa
     if comm.Get_rank() == 0:
         try:
             outcome = ("ok", take_handles(directory, count, timeout, what))
-        except DistBackendError as exc:
-            outcome = ("error", exc)
+        except DistBackendError as exc:  # said again on each rank, as that rank
+            outcome = ("error", type(exc), str(exc)[len(what) + 2:])
     data = np.frombuffer(pickle.dumps(outcome), dtype=np.uint8) if outcome is not None \
         else None
     length = np.array([0 if data is None else data.size], dtype=np.int64)
@@ -187,10 +190,10 @@ def shared_handles(comm: Any, directory: str, count: int, timeout: Optional[floa
     _bcast(comm, length, limit, what)
     buffer = data.copy() if data is not None else np.empty(int(length[0]), dtype=np.uint8)
     _bcast(comm, buffer, limit, what)
-    kind, value = pickle.loads(buffer.tobytes())
-    if kind == "error":
-        raise value
-    return value
+    outcome = pickle.loads(buffer.tobytes())
+    if outcome[0] == "error":
+        raise outcome[1](f"{what}: {outcome[2]}")
+    return outcome[1]
 
 
 def _bcast(comm: Any, buffer: Any, limit: Optional[float], what: str) -> None:
