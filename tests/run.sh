@@ -69,7 +69,8 @@ sanitized() {  # sanitized LABEL DIR WHEEL [run_suite.py args]: suite, helpers s
 TORCH_TESTS="tests/test_torch_collectives.py tests/test_torch_compatibility.py
              tests/test_torch_gloo_parity.py tests/test_torch_launch.py
              tests/test_torch_mpi_backend.py tests/test_torch_store.py tests/test_torch_suite.py
-             tests/test_torch_training.py tests/test_torch_visible.py tests/test_frameworks.py"
+             tests/test_torch_training.py tests/test_torch_visible.py tests/test_frameworks.py
+             tests/test_torch_reconfigure.py"
 #: What MPICH's first run covers for the others, which would repeat it: the 4-rank
 #: variants of the frameworks' recipes (the 2-rank ones run everywhere), and torch's own
 #: test suite, which judges each torch release (run on both) rather than each MPI.

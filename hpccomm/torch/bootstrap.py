@@ -19,6 +19,7 @@ options) for every group whose CPU backend is ``"hpccomm"``:
 from __future__ import annotations
 
 import datetime
+import os
 import urllib.parse
 import warnings
 from typing import Any, Iterator, List, Optional, Tuple
@@ -31,6 +32,7 @@ from ..errors import DistValueError
 from ..group import ProcessGroup as HostGroup, mpi_backend
 from ..types import default_pg_timeout
 from . import progress as _progress
+from . import reconfigure
 from .process_group import ProcessGroupHPC
 from .store import MPITorchStore
 
@@ -90,6 +92,9 @@ class _State:
         self.places: List[int] = []
         self.full_size = 0
         self.newcomers: List[int] = []
+        #: A number the processes of the job's default group share and no other job's
+        #: does, drawn by MPI's rank 0 when the default group was made.
+        self.token = 0
 
 
 def places() -> List[int]:
@@ -206,6 +211,7 @@ def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
         mpi_backend().free(renumbered)
     _forget_world()
     _state.control, _state.control_owned = control, True
+    reconfigure.set_job(control, _state.token)
     _init.report_initialized(host, seconds, cores, "torch store over MPI")
     if not _progress.available():
         warnings.warn(
@@ -223,14 +229,17 @@ def _forget_world() -> None:
     if _state.control is not None and _state.control_owned:
         _state.control.shutdown()
     _state.control, _state.control_owned = None, False
+    reconfigure.set_job(None, 0)
 
 
 def _allgather_ranks(world: Any, rank: int, seconds: float) -> List[int]:
-    """Every MPI rank's torch rank, gathered without blocking past ``seconds``."""
-    ranks = mpi_backend().allgather(world, np.array([rank], dtype=np.int64),
-                                    "init_process_group (ranks agreeing on torch's "
-                                    "numbering)", seconds)[:, 0]
-    return [int(r) for r in ranks]
+    """Every MPI rank's torch rank, gathered without blocking past ``seconds``; the job's
+    token (:func:`job_token`) comes with them, drawn by MPI's rank 0."""
+    mine = np.array([rank, int.from_bytes(os.urandom(7), "little")], dtype=np.int64)
+    gathered = mpi_backend().allgather(world, mine, "init_process_group (ranks agreeing on "
+                                       "torch's numbering)", seconds)
+    _state.token = int(gathered[0, 1])
+    return [int(r) for r in gathered[:, 0]]
 
 
 def _subgroup(ranks: List[int], group_rank: int, seconds: float, name: str) -> HostGroup:

@@ -296,21 +296,13 @@ def _accept(directory: str, timeout: Optional[float]) -> Any:
         with open(path + ".tmp", "w") as handle:
             handle.write(f"{world.Get_size()}\n{port}")
         os.replace(path + ".tmp", path)
-    accepted = threading.Event()
-    limit = timeout
-
-    def watch() -> None:
-        if not accepted.wait(limit):
-            ending.end_job(1, f"hpccomm: rank {world.Get_rank()} of a job started to join "
-                              f"a running one through {directory}: no job connected "
-                              f"within {limit} s (the running job never called "
-                              f"grow_group with this directory, or gave up first)")
-    if limit is not None:
-        threading.Thread(target=watch, name="hpccomm-join-watch", daemon=True).start()
     try:
-        inter = world.Accept(port, root=0)
+        inter = _accept_or_end(world, port, timeout,
+                               f"hpccomm: rank {world.Get_rank()} of a job started to join a "
+                               f"running one through {directory}: no job connected within "
+                               f"{timeout} s (the running job never called grow_group with "
+                               f"this directory, or gave up first)")
     finally:
-        accepted.set()
         if port:
             MPI.Close_port(port)
             for leftover in (path, path[:-len(HANDLE_SUFFIX)] + TAKEN_SUFFIX):
@@ -320,6 +312,47 @@ def _accept(directory: str, timeout: Optional[float]) -> Any:
                     pass
     inter.Set_errhandler(MPI.ERRORS_RETURN)
     return inter
+
+
+def _accept_or_end(comm: Any, port: str, timeout: Optional[float], message: str) -> Any:
+    """``comm.Accept(port)`` (``port`` needed on rank 0 only); past ``timeout`` this
+    process ends, printing ``message``: no MPI call can take it out of the accept."""
+    accepted = threading.Event()
+
+    def watch() -> None:
+        if not accepted.wait(timeout):
+            ending.end_job(1, message)
+    if timeout is not None:
+        threading.Thread(target=watch, name="hpccomm-accept-watch", daemon=True).start()
+    try:
+        inter = comm.Accept(port, root=0)
+    finally:
+        accepted.set()
+    inter.Set_errhandler(MPI.ERRORS_RETURN)
+    return inter
+
+
+def open_port() -> str:
+    """A port of this process that a job started apart can connect to."""
+    return MPI.Open_port()
+
+
+def accepted(comm: Any, port: str, timeout: Optional[float], what: str) -> Any:
+    """``comm`` (whose rank 0 opened ``port``) merged, after them, with the processes that
+    connect to ``port`` (``comm`` is freed)."""
+    inter = _accept_or_end(comm, port if comm.Get_rank() == 0 else "", timeout,
+                           f"{what}: rank {comm.Get_rank()} of its part waited {timeout} s "
+                           f"to be connected to by the processes listed before it, which "
+                           f"never came; this process ends")
+    comm.Free()
+    return merged(inter, high=True)
+
+
+def connected(comm: Any, port: str, what: str) -> Any:
+    """``comm`` merged, first, with the processes waiting at ``port`` (``comm`` is freed)."""
+    inter = connect(comm, port, what)
+    comm.Free()
+    return merged(inter, high=False)
 
 
 def _enter(inter: Any, timeout: Optional[float], how: str) -> Joined:
