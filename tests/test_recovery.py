@@ -27,8 +27,10 @@ EXAMPLES = os.path.join(ROOT, "examples")
 ULFM = ("--with-ft", "ulfm")
 NEWCOMER = 100  # the rank a newcomer reports as (grow_case.NEWCOMER)
 
+#: Intel MPI starts and connects processes only with this; the others ignore it.
+DYNAMIC = {"I_MPI_SPAWN": "on"}
 run_case = functools.partial(helpers.run_case, "grow_case.py", limit=90,
-                             clean=("HPCCOMM_*",))
+                             clean=("HPCCOMM_*",), **DYNAMIC)
 
 
 def _needs_ulfm():
@@ -38,7 +40,7 @@ def _needs_ulfm():
 
 
 def _connects_jobs():
-    return mpi_vendor() in ("MPICH", "Intel MPI")
+    return mpi_vendor() in ("MPICH", "Intel MPI")  # the latter with I_MPI_SPAWN=on
 
 
 def _digest(output):
@@ -95,12 +97,12 @@ def test_a_spawned_newcomer_takes_the_vacant_place(n):
 def test_a_job_started_apart_joins_through_a_directory(n, tmp_path):
     if not _connects_jobs():
         pytest.skip(f"{mpi_vendor()} does not connect separately started jobs")
-    env = {"HPCCOMM_JOIN": str(tmp_path)}
+    env = dict(DYNAMIC, HPCCOMM_JOIN=str(tmp_path))
     newcomer = start_job([sys.executable, os.path.join(helpers.SCRIPTS, "grow_case.py"),
                           "planned"], 1, env=env, clean=("HPCCOMM_*",))
     done = helpers.run_job(
         [sys.executable, os.path.join(helpers.SCRIPTS, "grow_case.py"), "join",
-         str(tmp_path)], n, limit=90, clean=("HPCCOMM_*",))
+         str(tmp_path)], n, limit=90, clean=("HPCCOMM_*",), env=DYNAMIC)
     joined = newcomer.finish(60)
     assert done.code == 0 and joined.code == 0, done.output + joined.output
     found = {}
@@ -116,7 +118,8 @@ def test_a_newcomer_that_never_comes_is_named_and_the_group_goes_on(tmp_path):
         reason = r"did not start MPI within 3\.0 s"
     elif _connects_jobs():  # nobody waits in the join directory
         done = run_job([sys.executable, os.path.join(helpers.SCRIPTS, "grow_case.py"),
-                        "never_joins", str(tmp_path)], 2, limit=60, clean=("HPCCOMM_*",))
+                        "never_joins", str(tmp_path)], 2, limit=60, clean=("HPCCOMM_*",),
+                       env=DYNAMIC)
         reason = r"no join handle for them appeared in \S+ within 3\.0 s"
     else:
         pytest.skip(f"{mpi_vendor()}: neither case applies")
@@ -143,3 +146,11 @@ def test_open_mpi_says_to_spawn_instead_of_joining(tmp_path):
         assert found[rank]["type"] == "DistBackendError"
         assert "cannot connect separately started jobs" in found[rank]["error"]
         assert "grow_group(spawn=[...])" in found[rank]["error"]
+
+
+def test_intel_mpi_says_how_to_turn_dynamic_processes_on():
+    if mpi_vendor() != "Intel MPI":
+        pytest.skip("only Intel MPI needs I_MPI_SPAWN")
+    done = helpers.run_case("grow_case.py", "planned", 2, limit=60, clean=("HPCCOMM_*",))
+    assert done.code != 0, done.output
+    assert "only when the job runs with I_MPI_SPAWN=on" in done.output, done.output

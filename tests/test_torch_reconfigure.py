@@ -55,7 +55,7 @@ def test_a_group_re_forms_over_a_subset_of_its_handles_and_back(n):
 def test_a_job_started_apart_joins_through_the_handles(n, tmp_path):
     if mpi_vendor() not in ("MPICH", "Intel MPI"):
         pytest.skip(f"{mpi_vendor()} does not connect separately started jobs")
-    env = {"CASE_TOTAL": n + 1}
+    env = {"CASE_TOTAL": n + 1, "I_MPI_SPAWN": "on"}  # Intel MPI connects only with it
     second = start_job([sys.executable, CASE, "join", str(tmp_path)], 1,
                        env=dict(env, CASE_PART="second"), clean=("HPCCOMM_*",))
     first = run_job([sys.executable, CASE, "join", str(tmp_path)], n, env=env, limit=120,

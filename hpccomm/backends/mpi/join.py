@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ... import ending
+from ... import ending, launcher_env
 from ...errors import DistBackendError, DistTimeoutError
 from ...types import Tag
 from ...work import abandon, poll
@@ -50,9 +50,21 @@ LOOK_EVERY_S = 0.05
 
 def connects_jobs() -> bool:
     """Whether this MPI library connects separately started jobs (``MPI_Comm_connect``
-    to another ``mpiexec``'s port): MPICH and Intel MPI do; Open MPI's jobs need a shared
-    PRRTE DVM, which a plain ``mpirun`` is not."""
-    return MPI.get_vendor()[0] in ("MPICH", "Intel MPI")
+    to another ``mpiexec``'s port): MPICH does, and Intel MPI where the job runs with
+    ``I_MPI_SPAWN=on``; Open MPI's jobs need a shared PRRTE DVM, which a plain ``mpirun``
+    is not."""
+    vendor = MPI.get_vendor()[0]
+    return vendor == "MPICH" or (vendor == "Intel MPI" and launcher_env.intel_mpi_spawn())
+
+
+def check_dynamic(what: str) -> None:
+    """Raise, saying how to turn them on, where this job cannot use dynamic processes
+    (Intel MPI crashes in ``MPI_Comm_spawn`` and ``MPI_Comm_connect`` unless the job
+    was started with ``I_MPI_SPAWN=on``)."""
+    if MPI.get_vendor()[0] == "Intel MPI" and not launcher_env.intel_mpi_spawn():
+        raise DistBackendError(f"{what}: {library()} starts or connects processes only when "
+                               f"the job runs with I_MPI_SPAWN=on (export it before "
+                               f"mpiexec, in every job that takes part)")
 
 
 def library() -> str:
@@ -68,6 +80,7 @@ def spawn(comm: Any, argv: Sequence[str], count: int, timeout: Optional[float],
 
     Runs in a helper thread on a duplicate of ``comm``; a spawn that has not returned
     within ``timeout`` raises :class:`DistTimeoutError` naming the command."""
+    check_dynamic(what)
     dup = comm.Dup()
     found: Dict[str, Any] = {}
     gave_up = threading.Event()
@@ -172,6 +185,7 @@ def shared_handles(comm: Any, directory: str, count: int, timeout: Optional[floa
                    what: str) -> List[Tuple[str, int]]:
     """:func:`take_handles` on ``comm``'s rank 0, its outcome (the handles, or its
     error) on every rank; the others wait for it a little longer than ``timeout``."""
+    check_dynamic(what)
     if not connects_jobs():
         raise DistBackendError(
             f"{what}: {library()} cannot connect separately started jobs (its jobs "
@@ -286,6 +300,7 @@ def _accept(directory: str, timeout: Optional[float]) -> Any:
             f"hpccomm: this process was asked to join a running job through {directory} "
             f"(HPCCOMM_JOIN), but {library()} cannot connect separately started jobs; "
             f"have the job spawn its newcomers instead")
+    check_dynamic(f"hpccomm: joining a running job through {directory}")
     world = MPI.COMM_WORLD
     os.makedirs(directory, exist_ok=True)
     port = MPI.Open_port() if world.Get_rank() == 0 else ""
@@ -334,6 +349,7 @@ def _accept_or_end(comm: Any, port: str, timeout: Optional[float], message: str)
 
 def open_port() -> str:
     """A port of this process that a job started apart can connect to."""
+    check_dynamic("hpccomm: opening a port for other jobs")
     return MPI.Open_port()
 
 
