@@ -69,7 +69,7 @@ def main():
     start_of = {}  # step -> the weights at its start (the last two steps)
     while step < STEPS:
         if rank == victim and step == args.kill_step:
-            print(f"rank {rank}: dying at step {step}", flush=True)
+            print(f"rank {rank}: dying at step {step} (clock {time.time():.3f})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         start_of[step] = w.copy()
         start_of.pop(step - 2, None)
@@ -94,8 +94,8 @@ def main():
             hand_over({"w": w, "step": step})
             rank, size = dist.get_rank(), dist.get_world_size()
             if rank == 0:
-                print(f"step {step}: back to {size} ranks after "
-                      f"{time.monotonic() - failed_at:.2f} s", flush=True)
+                print(f"step {step}: back to {size} ranks {time.monotonic() - failed_at:.2f} s "
+                      f"after the failure was seen (clock {time.time():.3f})", flush=True)
             continue
         w -= LEARNING_RATE * grad / SAMPLES
         step += 1
