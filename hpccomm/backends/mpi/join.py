@@ -83,7 +83,7 @@ def spawn(comm: Any, argv: Sequence[str], count: int, timeout: Optional[float],
     check_dynamic(what)
     dup = comm.Dup()
     found: Dict[str, Any] = {}
-    gave_up = threading.Event()
+    lock = threading.Lock()  # the caller gives up, or the helper hands over: not both
 
     def run() -> None:
         info = MPI.Info.Create()
@@ -98,22 +98,27 @@ def spawn(comm: Any, argv: Sequence[str], count: int, timeout: Optional[float],
             found["error"] = exc
         finally:
             info.Free()
-        if gave_up.is_set() and "inter" in found:  # too late: tell them, let them go
+        with lock:
+            found["done"] = True
+            late = found.get("gave_up", False)
+        if late and "inter" in found:  # too late: tell them, let them go
             _release_late(found["inter"], dup)
 
     helper = threading.Thread(target=run, name="hpccomm-spawn", daemon=True)
     helper.start()
     helper.join(timeout)  # no MPI call here: MPICH holds its lock through the spawn
-    if helper.is_alive():
-        gave_up.set()
-        if helper.is_alive():
-            stuck = ("; this MPI library runs the spawn under its global lock, so the "
-                     "process's next MPI call waits until the spawn ends"
-                     if MPI.get_vendor()[0] != "Open MPI" else "")
-            raise DistTimeoutError(
-                f"{what}: the {count} process(es) spawned to join ({' '.join(argv)}) did "
-                f"not start MPI within {timeout} s; nothing joined, and the group goes on "
-                f"as it was (they are told so if they start later){stuck}")
+    with lock:
+        if not found.get("done"):
+            found["gave_up"] = True
+    if found.get("gave_up"):
+        stuck = ("; this MPI library runs the spawn under its global lock, so the "
+                 "process's next MPI call waits until the spawn ends"
+                 if MPI.get_vendor()[0] != "Open MPI" else "")
+        raise DistTimeoutError(
+            f"{what}: the {count} process(es) spawned to join ({' '.join(argv)}) did "
+            f"not start MPI within {timeout} s; nothing joined, and the group goes on "
+            f"as it was (they are told so if they start later){stuck}")
+    helper.join()
     dup.Free()
     if "error" in found:
         exc = found["error"]
