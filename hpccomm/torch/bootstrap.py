@@ -184,6 +184,7 @@ def create_group(options: Any, backend_options: Any = None) -> ProcessGroupHPC:
 def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     """The default group: MPI's world renumbered as torch's ranks, and the control
     communicator; collective over ``MPI_COMM_WORLD``."""
+    join_if_newcomer(seconds)  # torch's "mpi" takes no rendezvous: a newcomer joins here
     world = job_world()
     mpi_size = world.Get_size()
     if size != mpi_size:
