@@ -23,6 +23,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import hpccomm
 import hpccomm.torch as ht
 
 STEPS, BATCH = 30, 16
@@ -59,6 +60,8 @@ def main():
         step = state["step"]
         print(f"rank {rank}: joined, going on from step {step}", flush=True)
     victim = -1 if ht.newcomers() else args.kill_rank
+    if not hpccomm.is_fault_tolerant():  # without ULFM a dead rank ends the job
+        victim = -1
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     saved = {}  # step -> (model, optimizer) state at its start, the last two steps
     while step < STEPS:

@@ -6,7 +6,8 @@
   nobody died.
 * ``grow_group`` on any MPI library, without a failure: the last rank is excluded, and a
   newcomer (spawned, or a job of its own that joins through a directory where the
-  library connects jobs) takes its place; numbers, sums, groups, store and state.
+  library connects jobs) takes its place; numbers, sums, groups, store and state (in
+  memory, and a sharded part from the checkpoint on disk).
 * A newcomer that never comes is named within the timeout, and the group goes on.
 
 The cases are tests/scripts/grow_case.py.
@@ -79,7 +80,7 @@ def _check_grown(found, n):
         assert fields["rank_now"] == str(rank if rank != NEWCOMER else n - 1), fields
         assert fields["size"] == str(n) and fields["sum"] == str(n * (n + 1) // 2), fields
         assert fields["newcomers"] == f"[{n - 1}]" and fields["store"] == "True", fields
-        assert fields["state"] == "True", fields
+        assert fields["state"] == fields["shard"] == "True", fields
     assert found[0]["pair"] == "2" and found[NEWCOMER]["pair"] == "2"
 
 

@@ -12,10 +12,13 @@ import os
 import sys
 import time
 
+import shutil
+import tempfile
+
 import numpy as np
 
 import hpccomm as dist
-from hpccomm.checkpoint import hand_over
+from hpccomm.checkpoint import Shard, hand_over, save
 
 CASE = sys.argv[1]
 ARG = sys.argv[2] if len(sys.argv) > 2 else None
@@ -29,9 +32,10 @@ def say(rank, *parts):
     os.write(1, (" ".join(["RESULT", f"rank={rank}", *parts]) + "\n").encode())
 
 
-def check_grown(n, before):
+def check_grown(n, before, checkpoint=None):
     """Every rank of the grown group (newcomer or not): numbers, a sum, a group, the
-    store, the state."""
+    store, the state, and a sharded state from the checkpoint (``checkpoint``: saved
+    by the group before it shrank; the newcomer learns it from the state)."""
     rank, size = dist.get_rank(), dist.get_world_size()
     x = np.array([rank + 1.0])
     dist.all_reduce(x)
@@ -42,13 +46,18 @@ def check_grown(n, before):
     store = dist.get_default_store()
     store.set(f"k{rank}", str(rank))
     seen = sorted(int(store.get(f"k{r}")) for r in range(size))
-    state = {"w": np.arange(4.0) * 7, "step": 12, "nested": [np.ones(2, np.int32), "x"]}
+    state = {"w": np.arange(4.0) * 7, "step": 12, "nested": [np.ones(2, np.int32), "x"],
+             "checkpoint": checkpoint}
     got = hand_over(None if rank in dist.newcomers() else state)
     ok_state = (float(got["w"].sum()) == 42.0 and got["step"] == 12
                 and got["nested"][0].tolist() == [1, 1] and got["nested"][1] == "x")
+    shard = {"part": Shard(np.zeros(3), 0)}  # no survivor holds the newcomer's part
+    hand_over(shard, fallback=got["checkpoint"])
+    ok_shard = shard["part"].local.tolist() == [float(rank)] * 3
     say(before, f"rank_now={rank}", f"size={size}", f"sum={x[0]:.0f}", f"pair={y[0]:.0f}",
         f"store={seen == list(range(size))}", f"newcomers={dist.newcomers()}",
-        f"state={ok_state}")
+        f"state={ok_state}", f"shard={ok_shard}")
+    dist.barrier()
 
 
 def planned():
@@ -58,6 +67,10 @@ def planned():
         check_grown(dist.get_world_size(), NEWCOMER)
         dist.destroy_process_group()
         return
+    folder = [tempfile.mkdtemp() if rank == 0 else None]
+    dist.broadcast_object_list(folder, src=0)
+    checkpoint = os.path.join(folder[0], "parts.h5")
+    save({"part": Shard(np.full(3, float(rank)), 0)}, checkpoint)  # every rank's part
     if rank == n - 1:  # excluded: leaves the group (and the job's work) to the others
         say(rank, "event=excluded")
         dist.destroy_process_group()
@@ -69,7 +82,9 @@ def planned():
     else:
         dist.grow_group(join=ARG)
     say(rank, f"grow_s={time.monotonic() - start:.2f}")
-    check_grown(n, rank)
+    check_grown(n, rank, checkpoint)
+    if rank == 0:  # every rank has loaded it (check_grown ends in a barrier)
+        shutil.rmtree(folder[0], ignore_errors=True)
     dist.destroy_process_group()
 
 
