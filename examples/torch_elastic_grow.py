@@ -19,6 +19,7 @@ import hashlib
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -66,7 +67,7 @@ def main():
     saved = {}  # step -> (model, optimizer) state at its start, the last two steps
     while step < STEPS:
         if rank == victim and step == args.kill_step:
-            print(f"rank {rank}: dying at step {step}", flush=True)
+            print(f"rank {rank}: dying at step {step} (clock {time.time():.3f})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         saved[step] = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
         saved.pop(step - 2, None)
@@ -92,7 +93,8 @@ def main():
             rank = dist.get_rank()
             ddp = torch.nn.parallel.DistributedDataParallel(model)
             if rank == 0:
-                print(f"step {step}: back to {dist.get_world_size()} ranks", flush=True)
+                print(f"step {step}: back to {dist.get_world_size()} ranks (clock "
+                      f"{time.time():.3f})", flush=True)
             continue
         optimizer.step()
         step += 1
