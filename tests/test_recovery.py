@@ -155,3 +155,17 @@ def test_intel_mpi_says_how_to_turn_dynamic_processes_on():
     done = helpers.run_case("grow_case.py", "planned", 2, limit=60, clean=("HPCCOMM_*",))
     assert done.code != 0, done.output
     assert "only when the job runs with I_MPI_SPAWN=on" in done.output, done.output
+
+
+def test_a_newcomer_that_starts_after_the_deadline_is_told_and_the_group_goes_on():
+    if mpi_vendor() != "Open MPI":
+        pytest.skip("MPICH and Intel MPI hold their lock through the spawn (the group "
+                    "waits for it): docs/recovery.md")
+    done = run_case("late", 2)
+    found = {}
+    for rank, fields in done.results:
+        found.setdefault(rank, {}).update(fields)
+    assert done.code == 0, done.output
+    for rank in (0, 1):
+        assert found[rank]["gave_up"] == "DistTimeoutError" and found[rank]["after"] == "2"
+    assert "started after the job gave up waiting for it" in found[NEWCOMER]["told"], found

@@ -5,6 +5,7 @@
   its rank, the sizes, a sum, a sub-group, the store and a handed-over state.
 * ``join DIR``: the same, the newcomer a job of its own that waits in ``DIR`` (started
   by the test with ``HPCCOMM_JOIN=DIR``; MPICH and Intel MPI).
+* ``late``: the spawned newcomer starts MPI after the deadline; it is told so.
 * ``never_comes``: the spawned command never starts MPI: grow_group names it within the
   timeout, and the group goes on at its size. ``never_joins DIR``: nobody waits in DIR.
 """
@@ -108,7 +109,33 @@ def never_comes():
     dist.destroy_process_group()
 
 
-CASES = {"planned": planned, "join": planned, "never_comes": never_comes,
+def late():
+    """The spawned newcomer starts MPI only after the group gave up waiting (3 s): the
+    group goes on, and the newcomer is told that nobody waits for it."""
+    dist.init_process_group(timeout=TIMEOUT)
+    rank = dist.get_rank()
+    try:
+        dist.grow_group(spawn=[sys.executable, os.path.abspath(__file__), "late_child"],
+                        count=1, timeout=3)
+    except dist.DistTimeoutError as exc:
+        say(rank, f"gave_up={type(exc).__name__}")
+    time.sleep(6)  # the newcomer comes meanwhile, and is let go
+    x = np.ones(1)
+    dist.all_reduce(x)
+    say(rank, f"after={x[0]:.0f}")
+    dist.destroy_process_group()
+
+
+def late_child():
+    time.sleep(5)
+    try:
+        dist.init_process_group(timeout=TIMEOUT)
+        say(NEWCOMER, "told=nothing")
+    except dist.DistTimeoutError as exc:
+        say(NEWCOMER, f"told={exc}")
+
+
+CASES = {"planned": planned, "late": late, "late_child": late_child, "join": planned, "never_comes": never_comes,
          "never_joins": never_comes}
 
 if __name__ == "__main__":
