@@ -10,11 +10,10 @@
   timeout, and the group goes on at its size. ``never_joins DIR``: nobody waits in DIR.
 """
 import os
-import sys
-import time
-
 import shutil
+import sys
 import tempfile
+import time
 
 import numpy as np
 
