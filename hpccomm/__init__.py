@@ -14,7 +14,8 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_single,
 from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import (DistBackendError, DistDesyncError, DistError, DistNetworkError,
                      DistStoreError, DistTimeoutError, DistValueError, ProcessFailedError)
-from .fault import SHRINK_ABORT, SHRINK_DEFAULT, agree, is_fault_tolerant, revoke, shrink_group
+from .fault import (SHRINK_ABORT, SHRINK_DEFAULT, agree, grow_group, is_fault_tolerant, newcomers,
+                    revoke, shrink_group)
 from .group import (GroupMember, ProcessGroup, get_backend, get_global_rank, get_group_rank,
                     get_pg_count, get_process_group_ranks, get_rank, get_world_size, group,
                     new_group, new_subgroups, new_subgroups_by_enumeration, set_timeout,

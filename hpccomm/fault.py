@@ -16,7 +16,7 @@ process's place among the survivors) and every other group is destroyed, as torc
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import rendezvous
 from .errors import DistValueError
@@ -158,7 +158,9 @@ def _replace(pg: ProcessGroup, comm: Any, failed: bool) -> ProcessGroup:
     if pg is registry.world:
         from .init import replace_default_group
 
-        new = replace_default_group(comm, desc, failed)
+        kept = mpi_backend().ranks_in(comm, pg.comm)
+        places = [registry.places[r] for r in kept] if registry.places else None
+        new = replace_default_group(comm, desc, failed, places)
     else:
         name, timeout = f"{pg.group_name}:shrunk", pg.timeout  # the same on every member
         destroy(pg)
@@ -166,3 +168,108 @@ def _replace(pg: ProcessGroup, comm: Any, failed: bool) -> ProcessGroup:
     for device, made in shrunk.items():
         new.keep_device(device, made)
     return new
+
+
+# -- growing back ---------------------------------------------------------------------
+def grow_group(spawn: Optional[Sequence[str]] = None, *, join: Optional[str] = None,
+               count: Optional[int] = None, group: Any = None,
+               timeout: Any = None) -> ProcessGroup:
+    """Take ``count`` new processes into the default group, which becomes the grown
+    group (returned): after :func:`shrink_group`, the newcomers take the places of the
+    ranks that died, so every survivor gets back the rank it had before the failure.
+
+    The newcomers are either spawned here, ``spawn=[command, arg...]`` run by every
+    survivor together (``MPI_Comm_spawn``; e.g. ``[sys.executable, "train.py"]``), or
+    a job started apart with ``HPCCOMM_JOIN=DIRECTORY`` (an ``srun`` step, a second
+    ``mpiexec``) that waits in ``join=DIRECTORY`` (MPI's ports; MPICH and Intel MPI).
+    Either way their ``init_process_group()`` returns in the grown group.
+
+    ``count``: how many processes join (default: as many as places are vacant). Every
+    rank of the default group calls it. Within ``timeout`` (default: the group's) the
+    newcomers come, or a :class:`~hpccomm.errors.DistTimeoutError` names who never
+    came, and the group is left as it was, to go on at its size. As with
+    ``shrink_group``, every other group is destroyed, and the job's store is made again
+    over the new group: make the groups and DeviceMeshes again with the same calls as
+    at the start, on every rank, the newcomers included. :data:`newcomers` says
+    which ranks joined; :func:`hpccomm.checkpoint.hand_over` gives them the state.
+    """
+    pg = resolve(group, "grow_group")
+    if pg is not registry.world:
+        raise pg.error("grow_group", "only the default group grows (every other group is "
+                                     "made again after it, with the same calls)")
+    job_store = type(registry.store).__name__ in ("MPIStore", "JobTCPStore")
+    comm, places, joined = grown_world(pg, spawn, join, count, timeout, registry.places,
+                                       registry.full_size, job_store)
+    from .init import replace_default_group
+
+    new = replace_default_group(comm, f"{pg.group_desc}:grown", False, places)
+    registry.newcomers = joined
+    return new
+
+
+def newcomers() -> List[int]:
+    """The ranks of the default group that joined it at the last :func:`grow_group`
+    (on the newcomers too); empty before any."""
+    resolve(None, "newcomers")
+    return list(registry.newcomers)
+
+
+def grown_world(pg: ProcessGroup, spawn: Optional[Sequence[str]], join: Optional[str],
+                count: Optional[int], timeout: Any, places: Optional[List[int]] = None,
+                full_size: int = 0, job_store: bool = True
+                ) -> Tuple[Any, List[int], List[int]]:
+    """The MPI communicator of :func:`grow_group`'s result, each of its ranks' place,
+    and the newcomers' ranks, for a ``ProcessGroup`` ``pg`` (the torch adapter's default
+    group too) whose ranks hold ``places`` (default: their ranks) out of ``full_size``;
+    ``pg`` itself is left as it is. ``job_store``: the newcomers make the job's store
+    over MPI (else they make the one their ``init_process_group`` names)."""
+    from .backends.mpi import join as mpi_join
+
+    op = "grow_group"
+    if (spawn is None) == (join is None):
+        raise pg.error(op, "give spawn=[command, args...] (processes started here) or "
+                           "join=DIRECTORY (a job started with HPCCOMM_JOIN=DIRECTORY)")
+    if spawn is not None and (isinstance(spawn, str) or not spawn
+                              or not all(isinstance(a, str) for a in spawn)):
+        raise pg.error(op, f"spawn must be a list of strings, the command and its "
+                           f"arguments, got {spawn!r}")
+    current = list(places) if places else list(range(pg.size()))
+    vacant = sorted(set(range(full_size)) - set(current))
+    if count is None:
+        count = len(vacant)
+        if not count:
+            raise pg.error(op, "no place is vacant (no rank died): say how many processes "
+                               "join with count=")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise pg.error(op, f"count must be a positive int, got {count!r}")
+    if pg.comm is not None and _revoked(pg.comm):
+        raise pg.error(op, "the group was revoked after a rank failed: call "
+                           "shrink_group() first, then grow the group it returns")
+    seconds = timeout_seconds(timeout, pg.timeout)
+    what = _where(op, pg)
+    new_places, _ = mpi_join.places(current, vacant, count)
+    order = sorted(current + new_places)
+    rank_of = {place: rank for rank, place in enumerate(order)}
+    base = {"timeout": pg.timeout, "backends": dict(pg.backend_names),
+            "full_size": max(full_size, len(order)), "desc": f"{pg.group_desc}:grown",
+            "places": order, "newcomers": [rank_of[p] for p in new_places],
+            "job_store": job_store}
+    records = [dict(base, place=p) for p in new_places]
+    rendezvous.meet_all(pg, op, seconds)
+    if spawn is not None:
+        inter = mpi_join.spawn(pg.comm, list(spawn), count, seconds, what)
+        comm = mpi_join.admit(inter, records)
+    else:
+        jobs = mpi_join.shared_handles(pg.comm, join, count, seconds, what)
+        per_job, start = [], 0
+        for _, size in jobs:
+            per_job.append(records[start:start + size])
+            start += size
+        for i, job_records in enumerate(per_job):
+            for record in job_records:
+                record["then"] = [port for port, _ in jobs[i + 1:]]
+                record["records_then"] = per_job[i + 1:]
+        comm = mpi_join.grow_by_ports(pg.comm, [port for port, _ in jobs], per_job, what,
+                                      free=False)
+    comm = mpi_join.ordered(comm, current[pg.rank()])
+    return comm, order, base["newcomers"]

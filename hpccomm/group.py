@@ -282,6 +282,17 @@ class Registry:
         self.timeout: Optional[float] = None
         #: Groups made since the default group, it included (``get_pg_count``).
         self.created = 0
+        #: Each default-group rank's place: its rank when the job had every rank
+        #: (``shrink_group`` keeps the survivors' places, ``grow_group`` fills the vacant
+        #: ones), and the number of places.
+        self.places: List[int] = []
+        self.full_size = 0
+        #: The default-group ranks that joined at the last ``grow_group``.
+        self.newcomers: List[int] = []
+
+    def vacant(self) -> List[int]:
+        """The places no rank of the default group holds (those of dead ranks)."""
+        return sorted(set(range(self.full_size)) - set(self.places))
 
     def add(self, pg: ProcessGroup) -> ProcessGroup:
         self.groups[pg.group_name] = pg

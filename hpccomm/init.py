@@ -189,9 +189,13 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
                       f"ignored since they are assigned by the MPI runtime.", stacklevel=2)
         world_size = rank = -1  # as torch: the MPI backend takes them from MPI
     mpi = mpi_backend()
+    seconds = timeout_seconds(timeout, default_pg_timeout.total_seconds())
+    joined = join_running_job(seconds)
+    if joined is not None:  # a newcomer: the running job's world, not its own
+        _start_joined(joined, init_method, store)
+        return
     world_comm = mpi.world()
     mpi_rank, mpi_size = world_comm.Get_rank(), world_comm.Get_size()
-    seconds = timeout_seconds(timeout, default_pg_timeout.total_seconds())
     problem: Optional[DistValueError] = None
     try:
         check_launch(mpi_rank, mpi_size, rank, world_size)
@@ -215,6 +219,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     registry.world = pg
     registry.backend_spec = backends
     registry.timeout = seconds
+    registry.places, registry.full_size = list(range(mpi_size)), mpi_size
     registry.add(pg)
     if device_id is not None:
         pg.bound_device_id = getattr(device_id, "index", device_id)
@@ -310,14 +315,17 @@ def destroy_process_group(group: Any = None) -> None:
     registry.clear()
 
 
-def replace_default_group(comm: Any, desc: str, failed: bool) -> ProcessGroup:
+def replace_default_group(comm: Any, desc: str, failed: bool,
+                          places: Optional[List[int]] = None) -> ProcessGroup:
     """Make the MPI communicator ``comm`` (the remaining members of the default group,
-    from ``shrink_group``) the new default group: every other group is destroyed, ranks
-    are renumbered in ``comm``'s order, and an MPI default store moves to ``comm``.
+    from ``shrink_group``, or the grown world, from ``grow_group``) the new default
+    group: every other group is destroyed, ranks are renumbered in ``comm``'s order
+    (each rank's place in ``places``, one per rank of ``comm``), and an MPI default
+    store moves to ``comm`` (:func:`start_world`, which a newcomer runs too).
 
     The old MPI store is given up at once if ranks ``failed`` (its server may be dead);
-    after a planned exclusion it stays open, to be closed at exit together with the
-    excluded ranks, which still hold it.
+    otherwise it stays open, to be closed at exit together with the ranks that still
+    hold it (excluded ranks, after a planned exclusion).
     """
     old = registry.world
     for pg in reversed(list(registry.groups.values())):
@@ -326,20 +334,74 @@ def replace_default_group(comm: Any, desc: str, failed: bool) -> ProcessGroup:
                 pg.abort_devices()
             destroy(pg)
     store = registry.store
-    if type(store).__name__ in ("MPIStore", "JobTCPStore"):  # a store over the old world
-        if failed:
-            store.abandon()  # never wait for the dead again
-        store = _make_store(None, None, comm.Get_rank(), comm.Get_size(), registry.timeout,
-                            comm)
+    job_store = type(store).__name__ in ("MPIStore", "JobTCPStore")  # over the old world
+    if job_store and failed:
+        store.abandon()  # never wait for the dead again
     backends, timeout, bound = old.backend_names, old.timeout, old.bound_device_id
+    full_size, created = registry.full_size, registry.created
     destroy(old)
-    pg = ProcessGroup(comm, name="WORLD", world_ranks=range(comm.Get_size()), timeout=timeout,
-                      backends=backends, desc=desc)
+    registry.clear()
+    registry.created = created
+    registry.backend_spec, registry.timeout = backends, timeout
+    registry.full_size = full_size
+    pg = start_world(comm, desc, None if job_store else store,
+                     places if places is not None else list(range(comm.Get_size())))
     pg.bound_device_id = bound
-    registry.world, registry.store = pg, store
-    registry.name_counts.clear()  # names restart from the new numbering
-    registry.add(pg)
     return pg
+
+
+def start_world(comm: Any, desc: str, store: Any, places: List[int]) -> ProcessGroup:
+    """The default group over ``comm`` with the registry's backends and timeout, and its
+    store: ``store``, or with ``None`` the job's store over ``comm``. Collective over
+    ``comm``, in the same order on every rank: the survivors of ``shrink_group`` and
+    ``grow_group`` run it from :func:`replace_default_group`, a newcomer from
+    ``init_process_group``. How waits poll is decided again for the new world's
+    placement."""
+    poll_policy(comm)
+    pg = ProcessGroup(comm, name="WORLD", world_ranks=range(comm.Get_size()),
+                      timeout=registry.timeout, backends=registry.backend_spec, desc=desc)
+    registry.world = pg
+    registry.places = list(places)
+    registry.full_size = max([registry.full_size, comm.Get_size()] + [p + 1 for p in places])
+    registry.add(pg)
+    registry.store = store if store is not None else _make_store(
+        None, None, comm.Get_rank(), comm.Get_size(), registry.timeout, comm)
+    return pg
+
+
+def join_running_job(seconds: Optional[float]) -> Any:
+    """This process's join of a running job (spawned by its ``grow_group``, or started
+    with ``HPCCOMM_JOIN``): the grown world and the record it came with
+    (:class:`hpccomm.backends.mpi.join.Joined`), or ``None`` when this process starts a
+    world of its own. Waits up to ``seconds``; once per process."""
+    from . import settings
+
+    directory = settings.JOIN.get()
+    if directory is not None and directory.strip().lower() in ("0", "off", "no", "false"):
+        return None
+    from .backends.mpi import join
+
+    if directory is None and not join.is_spawned():
+        return None
+    return join.join(directory, seconds)
+
+
+def _start_joined(joined: Any, init_method: Optional[str], store: Any) -> None:
+    """A newcomer's default group: the grown world its record describes, made as the
+    running job's ranks make it (:func:`start_world`)."""
+    record = joined.record
+    registry.backend_spec = dict(record["backends"])
+    registry.timeout = record["timeout"]
+    registry.full_size = record["full_size"]
+    comm = joined.comm
+    made_store = None
+    if not record["job_store"]:  # the running job kept a store of its own: the same here
+        made_store = _make_store(init_method, store, comm.Get_rank(), comm.Get_size(),
+                                 registry.timeout, comm)
+    pg = start_world(comm, record["desc"], made_store, record["places"])
+    registry.newcomers = list(record["newcomers"])
+    report_initialized(pg, registry.timeout or 0.0, f"joined ({joined.how})",
+                       type(registry.store).__name__)
 
 
 def abort_process_group(group: Any = None) -> None:

@@ -267,3 +267,9 @@ def mpich_gpu_support(env: Env = None) -> bool:
 def ompi_ft_enabled(env: Env = None) -> bool:
     """Whether ``OMPI_MCA_mpi_ft_enable`` asks Open MPI for ULFM (``mpirun --with-ft``)."""
     return bool(flag("OMPI_MCA_mpi_ft_enable", env))
+
+
+def intel_mpi_spawn(env: Env = None) -> bool:
+    """Whether ``I_MPI_SPAWN`` turns on Intel MPI's dynamic processes (spawn, ports),
+    without which its ``MPI_Comm_spawn`` and ``MPI_Comm_connect`` crash."""
+    return bool(flag("I_MPI_SPAWN", env))

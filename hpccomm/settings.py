@@ -394,6 +394,11 @@ TRACE_DIR = _declare(
 NO_ABORT_ON_EXCEPTION = _declare(
     "NO_ABORT_ON_EXCEPTION", FLAG, False, "init_process_group",
     "An uncaught exception on one rank does not abort the job.")
+# Growing a job (fault.grow_group, backends/mpi/join.py)
+JOIN = _declare(
+    "JOIN", TEXT, None, "init_process_group",
+    "A directory: this job joins a running one whose grow_group waits there; 0: never "
+    "join (not even when spawned).")
 # Checkpoints (checkpoint/)
 CHECKPOINT_PROGRESS = _declare(
     "CHECKPOINT_PROGRESS", FLAG, None, "each save or load",

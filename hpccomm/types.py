@@ -32,6 +32,7 @@ class Tag(enum.IntEnum):
     RENDEZVOUS_RELEASE = INTERNAL_TAG + 25  # rendezvous: the leader lets everyone go
     NCCL_DEVICE_CHECK = INTERNAL_TAG + 32  # before an NCCL communicator: which GPU each uses
     NCCL_CREATION_RELEASE = INTERNAL_TAG + 33  # the leader's verdict (and NCCL unique id)
+    JOIN = INTERNAL_TAG + 40               # a newcomer's join record (place, size, settings)
     SHM_PROGRESS = INTERNAL_TAG + 60       # never sent: probing it only progresses MPI
 
 #: Default timeout of collectives on CPU groups, as torch's ``default_pg_timeout``.

@@ -69,7 +69,8 @@ sanitized() {  # sanitized LABEL DIR WHEEL [run_suite.py args]: suite, helpers s
 TORCH_TESTS="tests/test_torch_collectives.py tests/test_torch_compatibility.py
              tests/test_torch_gloo_parity.py tests/test_torch_launch.py
              tests/test_torch_mpi_backend.py tests/test_torch_store.py tests/test_torch_suite.py
-             tests/test_torch_training.py tests/test_torch_visible.py tests/test_frameworks.py"
+             tests/test_torch_training.py tests/test_torch_visible.py tests/test_frameworks.py
+             tests/test_torch_reconfigure.py"
 #: What MPICH's first run covers for the others, which would repeat it: the 4-rank
 #: variants of the frameworks' recipes (the 2-rank ones run everywhere), and torch's own
 #: test suite, which judges each torch release (run on both) rather than each MPI.
@@ -118,7 +119,10 @@ SERIAL_MPICH_COVERS+=("--serial-deselect=tests/test_frameworks.py::test_recipe_t
 #: variables, and the serial shared-memory and DeviceMesh jobs.
 INTEL_MPICH_COVERS=("${SERIAL_MPICH_COVERS[@]}")
 for nodeid in tests/test_pytest_plugin.py tests/test_group_deadlines.py tests/test_slurm.py \
-        tests/test_shm.py tests/test_device_mesh.py; do
+        tests/test_shm.py tests/test_device_mesh.py \
+        "tests/test_recovery.py::test_a_spawned_newcomer_takes_the_vacant_place[4]" \
+        "tests/test_recovery.py::test_a_spawned_newcomer_takes_the_vacant_place[8]" \
+        "tests/test_recovery.py::test_a_job_started_apart_joins_through_a_directory[4]"; do
     INTEL_MPICH_COVERS+=("--serial-deselect=$nodeid")
 done
 #: The simulated GPU's tests (in-process and serial) run under MPICH only: the

@@ -35,7 +35,8 @@ from . import versions
 from .backend import BackendHPC
 from .bootstrap import create_group, mpi_rendezvous
 from .errors import DistBackendError, DistTimeoutError, ProcessFailedError
-from .fault import agree, revoke, shrink_group
+from .fault import (agree, failed_ranks, grow_group, hand_over, newcomers, revoke,
+                    shrink_group)
 from . import mpi_backend
 from .process_group import ProcessGroupHPC
 from .store import DistStoreError, MPITorchStore
@@ -47,6 +48,7 @@ BACKEND = "hpccomm"
 __all__ = ["BACKEND", "ProcessGroupHPC", "BackendHPC", "MPITorchStore", "DoneWork", "PendingWork",
            "DistBackendError", "DistTimeoutError", "DistStoreError", "ProcessFailedError",
            "create_group", "mpi_rendezvous", "monitored_barrier", "register", "shrink_group",
+           "grow_group", "newcomers", "hand_over", "failed_ranks",
            "agree", "revoke"]
 
 

@@ -43,7 +43,7 @@ class BackendHPC(TensorOperations, _BASE):  # type: ignore[misc, valid-type]
     supports_splitting = False
     supports_shrinking = False
     supports_time_estimate = False
-    supports_reconfigure = False
+    supports_reconfigure = True  # the group's own, hpccomm/torch/reconfigure.py
     supports_window = False
 
     def __init__(self, host: Any, state: GroupState, direct: Any):

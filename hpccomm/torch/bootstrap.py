@@ -19,6 +19,7 @@ options) for every group whose CPU backend is ``"hpccomm"``:
 from __future__ import annotations
 
 import datetime
+import os
 import urllib.parse
 import warnings
 from typing import Any, Iterator, List, Optional, Tuple
@@ -31,6 +32,7 @@ from ..errors import DistValueError
 from ..group import ProcessGroup as HostGroup, mpi_backend
 from ..types import default_pg_timeout
 from . import progress as _progress
+from . import reconfigure
 from .process_group import ProcessGroupHPC
 from .store import MPITorchStore
 
@@ -43,11 +45,19 @@ def job_world() -> Any:
     return _state.survivors if _state.survivors is not None else mpi_backend().world()
 
 
-def continue_with(survivors: Any, failed: bool) -> None:
-    """From now on the job is ``survivors`` (an MPI communicator): the next ``mpi://``
-    rendezvous and default group are made over it, with a new store over it. The old
-    store is given up if ranks ``failed``; after a planned exclusion it stays open until
-    exit, where the excluded ranks close it together with the others."""
+def continue_with(survivors: Any, failed: bool, places: Optional[List[int]] = None,
+                  newcomers: Optional[List[int]] = None) -> None:
+    """From now on the job is ``survivors`` (an MPI communicator: the survivors of a
+    shrink, or the grown world), whose ranks hold ``places`` (their ranks when the job
+    had all of them): the next ``mpi://`` rendezvous and default group are made over it,
+    with a new store over it. The old store is given up if ranks ``failed``; otherwise
+    it stays open until exit, where the ranks that hold it close it together."""
+    if places is None:  # a shrink: the ranks kept keep their places
+        kept = mpi_backend().ranks_in(survivors, job_world())
+        places = [_state.places[r] if _state.places else r for r in kept]
+    _state.places = list(places)
+    _state.full_size = max([_state.full_size, len(places)] + [p + 1 for p in places])
+    _state.newcomers = list(newcomers or [])
     if _state.store is not None:
         if failed:
             _state.store.abandon()  # served over the old world, where a rank is dead
@@ -77,6 +87,41 @@ class _State:
         self.survivors: Any = None
         #: Stores of earlier worlds, closed at exit with the ranks excluded from them.
         self.retired: List[Any] = []
+        #: Each rank's place (its rank when the job had every rank; empty: its rank),
+        #: how many places there are, and the ranks that joined at the last grow.
+        self.places: List[int] = []
+        self.full_size = 0
+        self.newcomers: List[int] = []
+        #: A number the processes of the job's default group share and no other job's
+        #: does, drawn by MPI's rank 0 when the default group was made.
+        self.token = 0
+
+
+def places() -> List[int]:
+    """Each rank's place in the job (see :class:`_State`)."""
+    world = job_world()
+    return list(_state.places) if _state.places else list(range(world.Get_size()))
+
+
+def full_size() -> int:
+    return max(_state.full_size, job_world().Get_size())
+
+
+def newcomers() -> List[int]:
+    return list(_state.newcomers)
+
+
+def join_if_newcomer(seconds: Optional[float]) -> None:
+    """A process spawned by a job's ``grow_group`` (or started with ``HPCCOMM_JOIN``)
+    joins that job here, before its first rendezvous: its world is the grown one."""
+    if _state.survivors is not None:
+        return
+    joined = _init.join_running_job(seconds)
+    if joined is not None:
+        record = joined.record
+        _state.survivors = joined.comm
+        _state.places, _state.full_size = list(record["places"]), record["full_size"]
+        _state.newcomers = list(record["newcomers"])
 
 
 _state = _State()
@@ -93,6 +138,7 @@ def mpi_rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
     error on the others.
     """
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
+    join_if_newcomer(timeout.total_seconds())
     world = job_world()
     rank, size = world.Get_rank(), world.Get_size()
     seconds = timeout.total_seconds()
@@ -138,6 +184,7 @@ def create_group(options: Any, backend_options: Any = None) -> ProcessGroupHPC:
 def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     """The default group: MPI's world renumbered as torch's ranks, and the control
     communicator; collective over ``MPI_COMM_WORLD``."""
+    join_if_newcomer(seconds)  # torch's "mpi" takes no rendezvous: a newcomer joins here
     world = job_world()
     mpi_size = world.Get_size()
     if size != mpi_size:
@@ -165,6 +212,7 @@ def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
         mpi_backend().free(renumbered)
     _forget_world()
     _state.control, _state.control_owned = control, True
+    reconfigure.set_job(control, _state.token)
     _init.report_initialized(host, seconds, cores, "torch store over MPI")
     if not _progress.available():
         warnings.warn(
@@ -182,14 +230,17 @@ def _forget_world() -> None:
     if _state.control is not None and _state.control_owned:
         _state.control.shutdown()
     _state.control, _state.control_owned = None, False
+    reconfigure.set_job(None, 0)
 
 
 def _allgather_ranks(world: Any, rank: int, seconds: float) -> List[int]:
-    """Every MPI rank's torch rank, gathered without blocking past ``seconds``."""
-    ranks = mpi_backend().allgather(world, np.array([rank], dtype=np.int64),
-                                    "init_process_group (ranks agreeing on torch's "
-                                    "numbering)", seconds)[:, 0]
-    return [int(r) for r in ranks]
+    """Every MPI rank's torch rank, gathered without blocking past ``seconds``; the job's
+    token (:func:`job_token`) comes with them, drawn by MPI's rank 0."""
+    mine = np.array([rank, int.from_bytes(os.urandom(7), "little")], dtype=np.int64)
+    gathered = mpi_backend().allgather(world, mine, "init_process_group (ranks agreeing on "
+                                       "torch's numbering)", seconds)
+    _state.token = int(gathered[0, 1])
+    return [int(r) for r in gathered[:, 0]]
 
 
 def _subgroup(ranks: List[int], group_rank: int, seconds: float, name: str) -> HostGroup:

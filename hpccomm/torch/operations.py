@@ -208,6 +208,11 @@ class TensorOperations:
     _direct: Any
     _cuda: Callable[[str, torch.Tensor], Any]
 
+    def use_host(self, host: Any) -> None:
+        """Run the operations on ``host`` (an hpccomm group) from now on: the group was
+        reconfigured over other processes (:mod:`hpccomm.torch.reconfigure`)."""
+        self._host = host
+
     # -- dispatch --------------------------------------------------------------------------
     def _run(self, op: str, start: Callable[..., Any], args: tuple, arr: Any, opts: Any,
              outputs: List[Any], after: Optional[Callable[[], None]] = None,

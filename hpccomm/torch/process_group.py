@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..group import ProcessGroup as HostGroup
-from . import _tensors, versions
+from . import _tensors, reconfigure, versions
 from .backend import BackendHPC
 from .hooks import GroupState
 from .operations import TensorOperations
@@ -176,6 +176,20 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
 
         def unregister_abort_hook(self, hook_id: int) -> None:
             self._backend.unregisterAbortHook(hook_id)
+
+    # -- torch 2.14's reconfigure (fault tolerance): hpccomm/torch/reconfigure.py -----------
+    supports_reconfigure = True
+
+    def get_reconfigure_handle(self) -> str:
+        return reconfigure.handle(self)
+
+    def reconfigure(self, opts: Any) -> Any:
+        return reconfigure.reconfigure(self, opts)
+
+    def use_host(self, host: HostGroup) -> None:
+        """The group's operations, and its CPU backend's, run on ``host`` from now on."""
+        super().use_host(host)
+        self._backend.use_host(host)
 
     # -- life cycle -------------------------------------------------------------------------
     def shutdown(self) -> None:

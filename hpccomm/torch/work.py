@@ -41,6 +41,24 @@ def _limit(timeout: Any) -> Optional[float]:
     return seconds if seconds else None
 
 
+class _Failed:
+    """The outcome of a failed operation, on its inner future (see :func:`_outcome`)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _outcome(inner: Future) -> List[Any]:
+    """The value of the future ``get_future()`` hands out: the output tensors, or the
+    operation's error raised. Raised in a ``then`` callback, the error marks that future
+    failed in C++ too (``Future.set_exception`` would only be seen from Python: DDP's
+    reducer, in C++, would take the exception object for its tensors)."""
+    value = inner.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
+
+
 class DoneWork(dist.Work):
     """The Work of an operation that completed before it was returned."""
 
@@ -106,6 +124,7 @@ class PendingWork(dist.Work):
         self._shared = False           # the progress thread drives it too
         self._polled = False           # a waiter polls it: the thread leaves it alone
         self._future: Optional[Future] = None
+        self._returned: Optional[Future] = None  # what get_future() hands out
         self._settled = False          # the future, if any, has its outcome
         self._closing = 0              # the thread closing it out (event, error), once one is
         self._closed = False           # ... and has finished: waiters may return
@@ -204,10 +223,7 @@ class PendingWork(dist.Work):
                 return
             self._settled = True
         error = self._work.exception()
-        if error is None:
-            future.set_result(self._outputs)
-        else:
-            future.set_exception(for_torch(error))
+        future.set_result(self._outputs if error is None else _Failed(for_torch(error)))
 
     def _closed_out(self) -> bool:
         return self._closed
@@ -293,6 +309,7 @@ class PendingWork(dist.Work):
             future = self._future
             if future is None:
                 future = self._future = Future()
+                self._returned = future.then(_outcome)
         if self.done:
             self._settle()
         elif _progress.available():
@@ -303,7 +320,7 @@ class PendingWork(dist.Work):
             except Exception:  # the future carries it
                 pass
             self._settle()
-        return future
+        return self._returned
 
     def _source_rank(self) -> int:
         self.wait()
