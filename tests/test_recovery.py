@@ -15,10 +15,12 @@ The cases are tests/scripts/grow_case.py.
 import functools
 import os
 import re
+import shlex
 import sys
 
 import pytest
 
+import doc_recipes
 import helpers
 from helpers import run_job, start_job
 from launcher_env import mpi_vendor
@@ -51,16 +53,35 @@ def _digest(output):
 
 
 # -- the recipes: a dead rank replaced, the weights of a run without failure -------------------
+#: The command docs/recovery.md shows for the NumPy recipe: the test runs it, at the ranks
+#: and with the launcher's options shown there.
+PAGE = "docs/recovery.md"
+SHOWN = [command for command in doc_recipes.page_commands(PAGE) if "elastic_grow.py" in command]
+
+
+def test_the_page_shows_the_recipe_run_here():
+    assert SHOWN == ["mpirun --with-ft ulfm -n 4 python examples/elastic_grow.py"], SHOWN
+
+
+def _shown_run():
+    """(the launcher's options, ranks) of the page's command, which both recipes run with."""
+    words = shlex.split(SHOWN[0])
+    assert words[0] == "mpirun" and words[3] == "-n" and words[5] == "python", words
+    return tuple(words[1:3]), int(words[4])
+
+
 @pytest.mark.parametrize("example", ["elastic_grow.py", "torch_elastic_grow.py"])
 def test_a_killed_rank_is_replaced_and_training_ends_with_the_same_weights(example):
     _needs_ulfm()
     if example.startswith("torch"):
         pytest.importorskip("torch", reason="torch is not installed: the DDP recipe needs it")
     script = os.path.join(EXAMPLES, example)
+    launcher_args, n = _shown_run()
+    assert launcher_args == ULFM and n == 4
     runs = {}
     for kill in ("2", "-1"):
-        done = run_job([sys.executable, script, "--kill-rank", kill], 4,
-                       launcher_args=ULFM, clean=("HPCCOMM_*",), limit=150)
+        done = run_job([sys.executable, script, "--kill-rank", kill], n,
+                       launcher_args=launcher_args, clean=("HPCCOMM_*",), limit=150)
         assert done.code == 0, done.output
         runs[kill] = done.output
     failed = runs["2"]
