@@ -55,7 +55,6 @@ import numpy as np
 from ...errors import DistBackendError, DistDesyncError, DistTimeoutError
 from ...types import Tag
 from ...work import abandon, poll
-from . import hidden
 
 #: The tags of every meeting: a participant's arrival, the leader's verdict.
 ARRIVE, VERDICT = int(Tag.MEETING_ARRIVE), int(Tag.MEETING_VERDICT)
@@ -152,6 +151,8 @@ def meet(comm: Any, members: Sequence[int], call: str, limit: Optional[float],
     mine = np.zeros(0, np.uint8) if record is None else np.ascontiguousarray(record, np.uint8)
     if len(members) < 2:
         return judge([mine]) if judge else b""
+    from . import hidden  # (MPI itself: not at ``import hpccomm``)
+
     channel = hidden.of(comm)
     deadline = time.monotonic() + (limit if limit is not None else 1e12)
     me, leader = channel.rank, members[0]
@@ -188,7 +189,7 @@ def _parse(data: np.ndarray) -> Optional[_Arrival]:
                     data[at + texts:])
 
 
-def _attend(channel: hidden.Channel, leader: int, call: str, record: np.ndarray,
+def _attend(channel: Any, leader: int, call: str, record: np.ndarray,
             deadline: float, limit: Optional[float], words: Words) -> bytes:
     """A participant's side: the arrival to the leader, then its verdict."""
     number = next(_numbers)
@@ -219,7 +220,7 @@ def _attend(channel: hidden.Channel, leader: int, call: str, record: np.ndarray,
     return _outcome(found[0], words, leader)
 
 
-def _lead(channel: hidden.Channel, members: List[int], call: str, record: np.ndarray,
+def _lead(channel: Any, members: List[int], call: str, record: np.ndarray,
           deadline: float, words: Words, judge: Optional[Judge]) -> bytes:
     """The leader's side: the arrivals until every expected rank came, then the verdicts."""
     me = channel.rank
