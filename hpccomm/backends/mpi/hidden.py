@@ -46,8 +46,7 @@ class Channel:
         self.owned = owned
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self._any_source: Optional[AnySourceQueue] = None
-        self._status = MPI.Status()
+        self._any_source = AnySourceQueue(comm)
         #: Messages taken (:meth:`take`) before their time, for a later exchange of this
         #: rank to use, as ``(sender, bytes)`` in the order they came (a meeting's
         #: arrival from a rank that is ahead: :mod:`.meeting`).
@@ -65,8 +64,6 @@ class Channel:
         spec = [buf, MPI.BYTE]
         if src is not None:
             return self.comm.Irecv(spec, src, int(tag)).Test, None, spec
-        if self._any_source is None:
-            self._any_source = AnySourceQueue(self.comm)
         receive = self._any_source.post(spec, int(tag))
         return receive, receive.get_source, buf
 
@@ -74,8 +71,10 @@ class Channel:
     def take(self, tag: int, source: Optional[int] = None) -> Optional[Tuple[int, np.ndarray]]:
         """The next message with ``tag`` from ``source`` (``None``: any) that has arrived,
         as ``(sender, bytes)``, or ``None`` if none has: a matched probe, then the
-        receive of that very message, whatever its size. Nothing stays posted."""
-        status = self._status
+        receive of that very message, whatever its size. Nothing stays posted. (Its
+        status is its own: the progress thread's roll call and the caller's meeting may
+        take from one channel at once.)"""
+        status = MPI.Status()
         message = self.comm.Improbe(_ANY_SOURCE if source is None else source, int(tag),
                                     status)
         if message is None:
