@@ -416,10 +416,13 @@ def draw_creation(rng: np.random.Generator, index: int, n: int
     kind = str(rng.choice(CREATION_KINDS if mistake != "members" else ("new_group",)))
     if kind == "new_group":
         size = n if mistake == "kind" else int(rng.integers(2, n + 1))
-        ranks: Tuple[Any, ...] = tuple(sorted(int(r) for r in rng.choice(n, size, replace=False)))
+        ranks: Tuple[Any, ...] = tuple(sorted(int(r) for r in rng.choice(n, size,
+                                                                          replace=False)))
     elif kind == "split_group":
-        cuts = sorted(int(c) for c in rng.choice(range(1, n), int(rng.integers(0, min(2, n - 1) + 1)),
-                                                 replace=False)) if n > 2 else []
+        cuts: List[int] = []  # between the splits
+        if n > 2:
+            parts = int(rng.integers(0, min(2, n - 1) + 1))
+            cuts = sorted(int(c) for c in rng.choice(range(1, n), parts, replace=False))
         bounds = [0] + cuts + [n]
         ranks = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
     else:
@@ -502,7 +505,8 @@ def creation_expectations(calls: Sequence[Creation], outcomes: Sequence[Outcome]
         alike = all(calls[q] == call for q in participants(call, n))
         if got.kind == "returned":
             if not alike:
-                problems.append(f"{say}: returned though its members did not all make it alike")
+                problems.append(f"{say}: returned though its members did not all make it "
+                                f"alike")
             continue
         if got.error not in ("DistDesyncError", "DistTimeoutError"):
             problems.append(f"{say}: a creation's mistake is a DistDesyncError or a "

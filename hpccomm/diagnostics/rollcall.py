@@ -5,9 +5,10 @@ collective timed out sends ``[seq, op code, waited ms, group]`` to every other r
 group (point-to-point, on the group's channel: a communicator of hpccomm's own, where no
 user message and no collective can match it) and listens for the others' reports for a
 short grace period (:data:`GRACE_S`, at most the timeout), taking each by matched probe,
-so that no receive stays posted when it stops listening. Ranks that report the same operation are stuck
-with us; ranks that report another one are elsewhere; ranks that never report are not
-inside an hpccomm collective of this group at all: they are the ones named. The result
+so that no receive stays posted when it stops listening. Ranks that report the same
+operation are stuck with us; ranks that report another one are elsewhere; ranks that
+never report are not inside an hpccomm collective of this group at all: they are the
+ones named. The result
 is a sentence for the timeout error and :data:`last` for the flight recorder. Groups
 larger than :data:`MAX_RANKS` skip it (the message count grows as the square of the
 size); ``HPCCOMM_ROLLCALL_GRACE=0`` turns it off. It is an observer of timeouts,

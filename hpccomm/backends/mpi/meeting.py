@@ -21,15 +21,16 @@ The first participant, the leader, takes each other participant's arrival: when 
 sender stops waiting, a sequence number of the sender's own, the sender's call (a digest
 of its words: the constructor, its members or splits, the mesh's shape, the group it
 makes; and the words themselves, cut at :data:`CALL_BYTES`), and a record the caller
-adds (the GPU an NCCL rank uses). It waits until every participant of its call has come, or until its deadline.
-A participant that came for another call is a mistake (it cannot be ahead: its next call
-needs this one first); a rank outside the call that came for another one may be ahead
-(``new_group([0, 1])`` returns at once on rank 2, which may go on to the next group's
-meeting while ranks 0 and 1 still meet): its arrival is kept for this rank's later
-meetings. Then the leader sends each rank that came its verdict, its sequence number
-echoed: go on (with the answer of the caller's ``judge``: an NCCL unique id), the calls
-differ (the ranks and their calls in words), some never came (their ranks), or the judge
-refused (its words). Messages per meeting: two per participant, all through the leader.
+adds (the GPU an NCCL rank uses). It waits until every participant of its call has come,
+or until its deadline. A participant that came for another call is a mistake (it cannot
+be ahead: its next call needs this one first); a rank outside the call that came for
+another one may be ahead (``new_group([0, 1])`` returns at once on rank 2, which may go
+on to the next group's meeting while ranks 0 and 1 still meet): its arrival is kept for
+this rank's later meetings. Then the leader sends each rank that came its verdict, its
+sequence number echoed: go on (with the answer of the caller's ``judge``: an NCCL unique
+id), the calls differ (the ranks and their calls in words), some never came (their
+ranks), or the judge refused (its words). Messages per meeting: two per participant, all
+through the leader.
 
 Nothing is left behind that a later meeting could take. The leader and the participants
 take their messages by matched probe (:meth:`.hidden.Channel.take`), so no receive stays
