@@ -134,7 +134,9 @@ def _without(pg: ProcessGroup, excluded: List[int]) -> Any:
                                        "shrink_group(None) to drop the failed ranks, then "
                                        "exclude more ranks from the group it returns")
     members = [r for r in range(pg.size()) if r not in excluded]
-    rendezvous.meet_members(pg, members, "shrink_group", None)
+    rendezvous.meet_members(pg, members, "shrink_group", None,
+                            f"shrink_group(ranks_to_exclude={excluded}) of group "
+                            f"'{pg.group_name}'")
     tag = (hash(tuple(members)) & 0x3FFF) + 1
     return mpi_backend().create_subcomm(pg.comm, members, tag)
 

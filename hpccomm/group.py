@@ -1,9 +1,11 @@
 """Process groups: an MPI communicator plus one backend communicator per device type.
 
 A :class:`ProcessGroup` owns its MPI communicator (the world's is a ``Dup`` of
-``COMM_WORLD``, so user code on ``COMM_WORLD`` never mixes with ours). Group creation is
-members-only (``MPI_Comm_create_group``), so ranks outside a new group need not take
-part. The registry of live groups is one explicit object, :data:`registry`.
+``COMM_WORLD``, so user code on ``COMM_WORLD`` never mixes with ours), and a channel for
+hpccomm's own messages among its ranks (:attr:`ProcessGroup.hidden`, a duplicate of that
+communicator: no user message can match them). Group creation is members-only
+(``MPI_Comm_create_group``), so ranks outside a new group need not take part. The
+registry of live groups is one explicit object, :data:`registry`.
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ class ProcessGroup:
     """
 
     def __init__(self, comm: Any, *, name: str, world_ranks: Sequence[int],
-                 timeout: Optional[float], backends: Dict[str, str], desc: str = ""):
+                 timeout: Optional[float], backends: Dict[str, str], desc: str = "",
+                 own_channel: bool = True):
         self.comm = comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
@@ -53,6 +56,19 @@ class ProcessGroup:
         self.stream_run: Any = None
         self.cpu = self.communicator("cpu")
         self.bound_device_id: Optional[int] = None
+        #: hpccomm's own messages among the group's ranks (meetings, roll calls,
+        #: monitored barriers, objects): on a duplicate of ``comm``, made now, as every
+        #: rank makes the group (collective), unless ``own_channel`` is false (a group
+        #: that only some of its ranks make: its channel is ``comm`` itself).
+        self.hidden = self._channel(comm, own_channel)
+
+    def _channel(self, comm: Any, own: bool) -> Any:
+        from .backends.mpi import hidden
+
+        if not own:
+            return hidden.of(comm)
+        return hidden.attach(comm, self.timeout, f"making the channel of group "
+                                                 f"'{self.group_name}'")
 
     # -- torch's ProcessGroup surface ---------------------------------------------------
     def rank(self) -> int:
@@ -240,6 +256,7 @@ class ProcessGroup:
                                       f"{self._rank} of {self._size}")
         self._release(self.comm, abort=False)
         self.comm, self.seq, self.live = comm, 0, True
+        self.hidden = self._channel(comm, True)
         self.cpu = self.communicator("cpu")
 
     # -- teardown -------------------------------------------------------------------------
@@ -267,6 +284,7 @@ class ProcessGroup:
                     communicator.abort() if abort else communicator.shutdown()
                 except Exception:
                     pass
+            self.hidden.free()
             mpi.free(comm)
 
 
@@ -300,12 +318,26 @@ class Registry:
         return pg
 
     def unique_name(self, ranks: Sequence[int], prefix: str = "ranks") -> str:
-        """A name that every member derives alike: ranks plus how often they were grouped."""
+        """A name that every member derives alike: ranks plus how often they were grouped
+        (counted by :meth:`took_name`; :meth:`next_name` and :meth:`took_name` without
+        this one's count when a creation may fail between the two)."""
+        name = self.next_name(ranks, prefix)
+        self.took_name(ranks)
+        return name
+
+    def next_name(self, ranks: Sequence[int], prefix: str = "ranks") -> str:
+        """The name :meth:`unique_name` would give now, without counting it: a creation
+        names the group it makes before its meeting, and counts the name only once the
+        group is made, so that every rank retrying a failed creation names it alike."""
         key = tuple(ranks)
         count = self.name_counts.get(key, 0)
-        self.name_counts[key] = count + 1
         shown = ",".join(map(str, key)) if len(key) <= 8 else f"{key[0]},...,{key[-1]}"
         return f"{prefix}[{shown}]" + (f"#{count}" if count else "")
+
+    def took_name(self, ranks: Sequence[int]) -> None:
+        """Count a name of ``ranks`` as given (:meth:`next_name`)."""
+        key = tuple(ranks)
+        self.name_counts[key] = self.name_counts.get(key, 0) + 1
 
     def clear(self) -> None:
         self.__init__()
@@ -538,13 +570,15 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None, backen
             source.split_devices(None, backends, timeout_seconds(timeout, registry.timeout),
                                  "new_group", _SPLIT_ADVICE)
         return None if use_local_synchronization else NON_GROUP_MEMBER
-    name = registry.unique_name(members)
+    name = registry.next_name(members)
     tag = (hash(tuple(members)) & 0x3FFF) + 1
-    rendezvous.meet_members(world, members, "new_group", timeout_seconds(timeout))
+    rendezvous.meet_members(world, members, "new_group", timeout_seconds(timeout),
+                            f"new_group(ranks={members}), making group '{name}'")
     try:
         comm = mpi_backend().create_subcomm(world.comm, members, tag)
     except Exception as exc:
         raise world.error("new_group", f"creating a group of ranks {members} failed: {exc}")
+    registry.took_name(members)
     pg = _make_group(comm, name, timeout, backend, group_desc, "new_group")
     if device_id is not None:
         pg.bound_device_id = device_id
@@ -577,12 +611,17 @@ def split_group(parent_pg: GroupLike = None, split_ranks: Optional[List[List[int
     for index, ranks in enumerate(splits):
         if mine in ranks:
             color, key = index, ranks.index(mine)
-    names = [registry.unique_name([parent.ranks[r] for r in ranks]) for ranks in splits]
-    rendezvous.meet_all(parent, "split_group", timeout_seconds(timeout))
+    members = [[parent.ranks[r] for r in ranks] for ranks in splits]
+    names = [registry.next_name(ranks) for ranks in members]
+    # (the names of the parts a rank is not in may differ between ranks: not compared)
+    rendezvous.meet_all(parent, "split_group", timeout_seconds(timeout),
+                        f"split_group(split_ranks={splits}) of group '{parent.group_name}'")
     try:
         comm = mpi_backend().split(parent.comm, color, key)
     except Exception as exc:
         raise parent.error("split_group", f"MPI_Comm_split failed: {exc}")
+    for ranks in members:
+        registry.took_name(ranks)
     timeout = parent.timeout if timeout is None else timeout
     backend = parent.backend_string() if backend is None else backend
     child = None

@@ -17,10 +17,12 @@ served over TCP instead of by an MPI thread (:func:`hpccomm.stores.mpi.job_store
 ``hpccomm.torch``'s asynchronous operations progress while waited for.
 
 At ``multiple``, hpccomm's own helper threads that call MPI (the MPI store's server,
-``hpccomm.torch``'s progress thread, the pytest plugin's lockstep watchdog) take
-:data:`helper_lock` around each of their rounds, and a fault-tolerant agreement takes it
-around each of its MPI calls, so that no helper thread is inside MPI while an agreement
-progresses (see :data:`helper_lock`).
+``hpccomm.torch``'s progress thread, the NCCL watchdog, the pytest plugin's lockstep
+watchdog) take :data:`helper_lock` around each of their rounds, the roll calls of the
+timeouts they enforce included, and a fault-tolerant agreement takes it around each of
+its MPI calls, so that no helper thread is inside MPI while an agreement progresses
+(see :data:`helper_lock`). No user code runs while a helper holds it: the progress
+thread completes futures and runs abort hooks after letting it go.
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 Peers are global ranks (``dst``/``src``) or group ranks (``group_dst``/``group_src``).
 ``recv`` with no source takes a message from any rank and returns the sender's global
-rank. Tags are user tags in ``[0, MAX_USER_TAG]``; the tags above are reserved for
-hpccomm's own messages (object transfer, monitored barrier), so they never mix.
+rank. Tags are user tags in ``[0, MAX_USER_TAG]``. hpccomm's own messages (object
+transfer, monitored barrier) go on the group's channel (``pg.hidden``, a communicator of
+their own) with the tags above, so they never mix with a user's.
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def start_send(pg: ProcessGroup, tensor: Any, dst: Optional[int], tag: int,
     ``internal``: a reserved tag (:class:`~hpccomm.types.Tag`) of hpccomm's own messages."""
     _check_tag(pg, op, tag, internal)
     peer = peer_rank(pg, op, dst, group_dst, "dst", not async_op)
+    if internal:
+        _, arr = _call.array(pg, op, tensor, output=False)
+        return _call.launch(pg, op, pg.hidden.send, (arr, peer, tag), arr, async_op,
+                            pg.ranks[peer])
     return _send_to(pg, tensor, peer, tag, op, async_op)
 
 
@@ -59,6 +64,13 @@ def start_recv(pg: ProcessGroup, tensor: Any, src: Optional[int], tag: int,
     """Validate and start a receive on ``pg``: the Work if ``async_op``, else the
     sender's group rank; ``internal`` as for :func:`start_send`."""
     _check_tag(pg, op, tag, internal)
+    if internal:  # hpccomm's own: on the group's channel
+        _, arr = _call.array(pg, op, tensor)
+        peer = None if src is None and group_src is None else \
+            peer_rank(pg, op, src, group_src, "src", not async_op)
+        outcome = _call.launch(pg, op, pg.hidden.recv, (arr, peer, tag), arr, async_op,
+                               None if peer is None else pg.ranks[peer], result=(tensor,))
+        return outcome if async_op or peer is None else peer
     if src is not None or group_src is not None:
         return _recv_from(pg, tensor, peer_rank(pg, op, src, group_src, "src", not async_op),
                           tag, op, async_op)

@@ -19,19 +19,20 @@ INTERNAL_TAG = MAX_USER_TAG + 1
 
 
 class Tag(enum.IntEnum):
-    """Every tag hpccomm's own point-to-point messages use, all above
-    :data:`MAX_USER_TAG`: one per kind of message, so that they never match each other
-    or a user's message on the same communicator. A new kind takes an unused value here."""
+    """Every tag hpccomm's own point-to-point messages use: one per kind of message, so
+    that they never match each other. They travel on each group's channel, a duplicate
+    of its communicator that only hpccomm sends on (``backends/mpi/hidden.py``), where
+    no user message can match them; they stay above :data:`MAX_USER_TAG` for the
+    communicators that have no channel of their own. A new kind takes an unused value
+    here."""
 
     OBJECT_HEADER = INTERNAL_TAG + 0       # send/recv_object_list: sizes, then
     OBJECT_PAYLOAD = INTERNAL_TAG + 1      # the pickled objects
     BARRIER_ACK = INTERNAL_TAG + 8         # monitored_barrier: a rank arrived at rank 0
     BARRIER_RELEASE = INTERNAL_TAG + 9     # monitored_barrier: rank 0's verdict
     ROLLCALL = INTERNAL_TAG + 16           # a timed-out rank's report to the others
-    RENDEZVOUS_ARRIVE = INTERNAL_TAG + 24  # rendezvous under a deadline: arrived
-    RENDEZVOUS_RELEASE = INTERNAL_TAG + 25  # rendezvous: the leader lets everyone go
-    NCCL_DEVICE_CHECK = INTERNAL_TAG + 32  # before an NCCL communicator: which GPU each uses
-    NCCL_CREATION_RELEASE = INTERNAL_TAG + 33  # the leader's verdict (and NCCL unique id)
+    MEETING_ARRIVE = INTERNAL_TAG + 24     # a meeting before a constructor: who came, for what
+    MEETING_VERDICT = INTERNAL_TAG + 25    # the leader's verdict (and an NCCL unique id)
     JOIN = INTERNAL_TAG + 40               # a newcomer's join record (place, size, settings)
     SHM_PROGRESS = INTERNAL_TAG + 60       # never sent: probing it only progresses MPI
 

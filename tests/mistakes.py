@@ -29,9 +29,21 @@ ranks compare what happened on a communicator of their own:
   a ``DistTimeoutError`` naming the missing rank on every path, except for the ranks of
   a broadcast, gather or reduce that need nothing from it.
 
+With ``--creation N`` it then draws N group creations (:func:`run_creation`): a call
+(``new_group`` of some ranks, ``split_group`` of the world, a ``DeviceMesh``'s group) that
+some ranks make differently (other members, another constructor), skip, or make late,
+every rank after a random delay of its own; or a correct one. It checks what
+docs/never-hang.md promises for them: no rank waits past the timeout plus the meeting's
+grace; a rank whose call some of its members did not make alike raises a
+``DistDesyncError`` (naming the calls) or a ``DistTimeoutError`` (naming who never came,
+or that the first participant never answered), never returns; a group made is made on
+all of its members, and works; and the same creation, retried by every rank at once,
+then succeeds on every rank.
+
 A failure names its seed, configuration and case; run one sequence alone with
 
     mpiexec -n 4 python tests/mistakes.py --seed 3 --config small --detail off
+    mpiexec -n 4 python tests/mistakes.py --seed 3 --config none --creation 6
 
 ``tests/test_mistakes.py`` runs a few seeds at every world size of the suite.
 """
@@ -367,6 +379,252 @@ def run(dist: Any, harness: Any, config: str, detail: bool, seed: int, cases: in
     return ran
 
 
+# -- group creation --------------------------------------------------------------------------
+#: Timeout of the creations under test; how late a late rank comes past it (after the
+#: others gave up: past the meeting's grace and the longest delay); the most a rank may
+#: wait past the timeout (the meeting's grace, with room for a busy machine); the
+#: longest random delay before a rank's call; the timeout of the calls that must succeed
+#: (the correct ones, the retries: on a busy machine a rank may be slow to come).
+CREATE_TIMEOUT_S = 1.0
+LATE_BY_S = 1.5
+CREATE_LATE_S = 3.0
+JITTER_S = 0.3
+SUCCEED_TIMEOUT_S = 20.0
+#: Mistakes of a group creation: some ranks make another call (other members, another
+#: constructor), make none, or make it late; "none": every rank makes the same call.
+CREATION_MISTAKES = ("members", "kind", "absent", "late", "none")
+CREATION_KINDS = ("new_group", "split_group", "mesh")
+
+
+class Creation(NamedTuple):
+    """One rank's group creation: the constructor and its ranks (members, splits, or the
+    mesh's shape), or no call."""
+    kind: str                    # "new_group", "split_group", "mesh" or "skip"
+    ranks: Tuple[Any, ...]       # members; splits (tuples); the mesh's shape
+    late: bool = False
+
+    def text(self) -> str:
+        if self.kind == "skip":
+            return "no call"
+        return f"{self.kind}{list(self.ranks)}{' (late)' if self.late else ''}"
+
+
+def draw_creation(rng: np.random.Generator, index: int, n: int
+                  ) -> Tuple[str, List[int], List[Creation]]:
+    """One creation case: (mistake, diverging ranks, each rank's call)."""
+    mistake = str(rng.choice(CREATION_MISTAKES))
+    kind = str(rng.choice(CREATION_KINDS if mistake != "members" else ("new_group",)))
+    if kind == "new_group":
+        size = n if mistake == "kind" else int(rng.integers(2, n + 1))
+        ranks: Tuple[Any, ...] = tuple(sorted(int(r) for r in rng.choice(n, size,
+                                                                          replace=False)))
+    elif kind == "split_group":
+        cuts: List[int] = []  # between the splits
+        if n > 2:
+            parts = int(rng.integers(0, min(2, n - 1) + 1))
+            cuts = sorted(int(c) for c in rng.choice(range(1, n), parts, replace=False))
+        bounds = [0] + cuts + [n]
+        ranks = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
+    else:
+        ranks = mesh_shape(n)
+    base = Creation(kind, ranks)
+    takers = participants(base, n)
+    if mistake == "none":
+        return mistake, [], [base if r in takers else Creation("skip", ()) for r in range(n)]
+    k = int(rng.integers(1, len(takers))) if len(takers) > 1 else 1
+    diverging = sorted(int(r) for r in rng.choice(takers, k, replace=False))
+    calls = []
+    for r in range(n):
+        if r not in takers:
+            calls.append(Creation("skip", ()))
+        elif r not in diverging:
+            calls.append(base)
+        elif mistake == "absent":
+            calls.append(Creation("skip", ()))
+        elif mistake == "late":
+            calls.append(base._replace(late=True))
+        elif mistake == "kind":  # every rank of the world takes part in both
+            other = str(rng.choice([k for k in CREATION_KINDS if k != kind]))
+            calls.append(Creation(other, {"new_group": tuple(range(n)),
+                                          "split_group": (tuple(range(n)),),
+                                          "mesh": mesh_shape(n)}[other]))
+        else:  # members: another set of ranks, this one among them (or itself alone)
+            others = [q for q in range(n) if q != r]
+            mine: Tuple[Any, ...] = (r,)
+            for _ in range(4):
+                extra = rng.choice(others, int(rng.integers(1, len(others) + 1)),
+                                   replace=False)
+                drawn = tuple(sorted({r, *(int(q) for q in extra)}))
+                if drawn != base.ranks:
+                    mine = drawn
+                    break
+            calls.append(Creation("new_group", mine))
+    return mistake, diverging, calls
+
+
+def mesh_shape(n: int) -> Tuple[int, int]:
+    """A mesh of ``n`` ranks whose dimension 0 is not the world (whose group is the
+    default group itself, made by no meeting)."""
+    return (2, n // 2) if n % 2 == 0 and n >= 4 else (1, n)
+
+
+def participants(call: Creation, n: int) -> List[int]:
+    """The ranks that take part in ``call``: its members, or every rank."""
+    return list(call.ranks) if call.kind == "new_group" else list(range(n))
+
+
+def create(dist: Any, call: Creation, timeout: float) -> Any:
+    """Make ``call``'s group on this rank under ``timeout``: the group (None outside it)."""
+    if call.kind == "new_group":
+        pg = dist.new_group(list(call.ranks), timeout=timeout)
+        return None if pg is dist.GroupMember.NON_GROUP_MEMBER else pg
+    if call.kind == "split_group":
+        return dist.split_group(split_ranks=[list(s) for s in call.ranks], timeout=timeout)
+    from hpccomm.device_mesh import init_device_mesh
+    from hpccomm.group import registry
+
+    before = registry.world.timeout  # a mesh's meetings take the default group's
+    dist.set_timeout(timeout)
+    try:
+        return init_device_mesh("cpu", tuple(call.ranks)).get_group(0)
+    finally:
+        dist.set_timeout(before)
+
+
+def creation_expectations(calls: Sequence[Creation], outcomes: Sequence[Outcome],
+                          groups: Sequence[Optional[Tuple[int, ...]]], where: str) -> None:
+    """Raise :class:`Failure` where a creation's outcomes break the promises."""
+    n = len(calls)
+    problems = []
+    for r, (call, got) in enumerate(zip(calls, outcomes)):
+        say = f"rank {r} ({call.text()}): {got.kind} {got.error} {got.message[:300]!r}"
+        if got.kind == "skipped":
+            continue
+        if got.seconds > CREATE_TIMEOUT_S + CREATE_LATE_S:
+            problems.append(f"{say}: after {got.seconds:.1f} s")
+        alike = all(calls[q] == call for q in participants(call, n))
+        if got.kind == "returned":
+            if not alike:
+                problems.append(f"{say}: returned though its members did not all make it "
+                                f"alike")
+            continue
+        if got.error not in ("DistDesyncError", "DistTimeoutError"):
+            problems.append(f"{say}: a creation's mistake is a DistDesyncError or a "
+                            f"DistTimeoutError")
+        elif "on rank" not in got.message or f"/{n} of group '" not in got.message:
+            problems.append(f"{say}: the message does not name the rank and group")
+        elif got.error == "DistDesyncError" and got.message.count(" came for ") < 2:
+            problems.append(f"{say}: the message does not name the differing calls")
+        elif got.error == "DistTimeoutError" and not any(
+                words in got.message for words in ("never came", "did not answer")):
+            problems.append(f"{say}: the message does not name who never came")
+        elif alike and got.error != "DistDesyncError":
+            problems.append(f"{say}: a call its members all made alike fails only if "
+                            f"another call reached it (a DistDesyncError)")
+    for r, ranks in enumerate(groups):  # a group made is made on all of its members
+        if ranks is not None:
+            for q in ranks:
+                if groups[q] != ranks:
+                    problems.append(f"rank {r} made a group of ranks {list(ranks)}, rank {q} "
+                                    f"did not ({outcomes[q].kind} {outcomes[q].error})")
+    if problems:
+        raise Failure(f"{where}:\n  " + "\n  ".join(problems))
+
+
+def run_creation(dist: Any, harness: Any, seed: int, cases: int) -> int:
+    """Run ``cases`` group creations drawn from ``seed``, each followed by its retry;
+    returns how many ran. Raises :class:`Failure` (on every rank) at the first broken
+    promise."""
+    from hpccomm.group import registry
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    rng = np.random.default_rng([seed, n, 7])
+    for index in range(cases):
+        mistake, diverging, calls = draw_creation(rng, index, n)
+        jitter = rng.random(n) * JITTER_S
+        where = (f"mistakes seed {seed}, creation {index} ({mistake} by ranks "
+                 f"{diverging}: {', '.join(c.text() for c in calls)}), {n} ranks")
+        before = set(registry.groups)
+        limit = SUCCEED_TIMEOUT_S if mistake == "none" else CREATE_TIMEOUT_S
+        outcome, pg = _create_once(dist, calls[rank], float(jitter[rank]), limit)
+        every = harness.allgather((outcome, _ranks(dist, pg)))
+        verdict: Optional[str] = None
+        try:
+            creation_expectations(calls, [o for o, _ in every], [g for _, g in every],
+                                  where)
+        except Failure as exc:
+            verdict = str(exc)
+        if verdict is None:
+            verdict = _usable(dist, pg, where)
+        _destroy_new(dist, registry, before)
+        verdict = _first(harness.allgather(verdict))
+        if verdict is None:  # every rank retries the creation at once: it succeeds
+            base = _base_call(calls, diverging)
+            harness.Barrier()
+            mine = base if rank in participants(base, n) else Creation("skip", ())
+            outcome, pg = _create_once(dist, mine, float(jitter[rank]), SUCCEED_TIMEOUT_S)
+            if outcome.kind == "raised":
+                verdict = (f"{where}: the retry ({base.text()}) raised on rank {rank}: "
+                           f"{outcome.error}: {outcome.message[:400]}")
+            else:
+                verdict = _usable(dist, pg, where + " (retry)")
+            _destroy_new(dist, registry, before)
+            verdict = _first(harness.allgather(verdict))
+        if verdict:
+            raise Failure(verdict)
+        harness.Barrier()
+    return cases
+
+
+def _base_call(calls: Sequence[Creation], diverging: Sequence[int]) -> Creation:
+    """The call of the ranks that made no mistake (some always take part)."""
+    return next(call for r, call in enumerate(calls)
+                if r not in diverging and call.kind != "skip")
+
+
+def _create_once(dist: Any, call: Creation, delay: float, timeout: float
+                 ) -> Tuple[Outcome, Any]:
+    """Make ``call`` under ``timeout`` after ``delay`` seconds (and the lateness): the
+    outcome, and the group made (``None`` if none)."""
+    if call.kind == "skip":
+        return Outcome("skipped", "", "", 0.0), None
+    time.sleep(delay + (timeout + LATE_BY_S if call.late else 0.0))
+    began = time.monotonic()
+    try:
+        pg = create(dist, call, timeout)
+        return Outcome("returned", "", "", time.monotonic() - began), pg
+    except Exception as exc:  # noqa: BLE001 - the class is what is checked
+        return Outcome("raised", type(exc).__name__, str(exc), time.monotonic() - began), None
+
+
+def _ranks(dist: Any, pg: Any) -> Optional[Tuple[int, ...]]:
+    return None if pg is None else tuple(dist.get_process_group_ranks(pg))
+
+
+def _usable(dist: Any, pg: Any, where: str) -> Optional[str]:
+    """Whether the group ``pg`` this rank made sums right, in one all_reduce."""
+    if pg is None:
+        return None
+    ranks = dist.get_process_group_ranks(pg)
+    x = np.full(3, float(dist.get_rank()))
+    try:
+        dist.all_reduce(x, group=pg)
+    except Exception as exc:  # noqa: BLE001
+        return f"{where}: the group of ranks {ranks} is unusable: {exc}"
+    if not np.array_equal(x, np.full(3, float(sum(ranks)))):
+        return f"{where}: the group of ranks {ranks} gave {x}"
+    return None
+
+
+def _destroy_new(dist: Any, registry: Any, before: Any) -> None:
+    for name in [name for name in registry.groups if name not in before]:
+        dist.destroy_process_group(registry.groups[name])
+
+
+def _first(verdicts: Sequence[Optional[str]]) -> Optional[str]:
+    return next((v for v in verdicts if v), None)
+
+
 def say(line: str) -> None:
     """One write per line, so ranks sharing the launcher's pipe never interleave."""
     sys.stdout.flush()
@@ -384,15 +642,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Run one mistakes sequence under mpiexec.")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--cases", type=int, default=12)
-    parser.add_argument("--config", action="append", choices=sorted(CONFIGS))
+    parser.add_argument("--config", action="append", choices=sorted(CONFIGS) + ["none"])
     parser.add_argument("--detail", choices=["on", "off"], action="append")
+    parser.add_argument("--creation", type=int, default=0,
+                        help="group creations to draw after the collectives' cases")
     args = parser.parse_args(argv)
     import hpccomm as dist
 
     dist.init_process_group(timeout=60)
     harness = world_harness()
     status = 0
-    for config in args.config or list(CONFIGS):
+    configs = [] if args.config == ["none"] else args.config or list(CONFIGS)
+    for config in configs:
         for detail in args.detail or ["off", "on"]:
             try:
                 run(dist, harness, config, detail == "on", args.seed, args.cases)
@@ -400,6 +661,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             except Failure as exc:
                 say(f"rank {dist.get_rank()}: {exc}")
                 status = 1
+    if args.creation:
+        try:
+            run_creation(dist, harness, args.seed, args.creation)
+            say(f"rank {dist.get_rank()}: creation: ok")
+        except Failure as exc:
+            say(f"rank {dist.get_rank()}: {exc}")
+            status = 1
     harness.Free()
     dist.destroy_process_group()
     return status

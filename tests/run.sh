@@ -92,7 +92,7 @@ SERIAL_MPICH_COVERS=()
 for nodeid in tests/test_architecture.py tests/test_core_types.py tests/test_settings.py \
         tests/test_docs.py tests/test_troubleshooting.py tests/test_mesh_layout.py tests/test_stores.py \
         tests/test_store_tcp.py tests/test_store_file.py tests/test_gpu_setup.py \
-        tests/test_gpu_lifecycle.py \
+        tests/test_gpu_lifecycle.py tests/test_helper_threads.py \
         tests/test_torch_compatibility.py tests/torch_port/ tests/test_checkpoint.py \
         tests/test_examples.py \
         "tests/test_failures.py::test_no_traceback_is_lost[torch_mpi_exception]" \

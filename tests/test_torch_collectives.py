@@ -615,6 +615,31 @@ def test_one_async_work_waited_from_two_threads(torch_world, rank, size):
     assert_close(x, torch.full((1 << 18,), float(sum(range(size)))))
 
 
+def test_a_future_s_callback_runs_outside_the_helper_lock(torch_world, rank, size):
+    """A future completed by the progress thread runs its callbacks (the user's code)
+    after the thread has left ``helper_lock``: a callback that waits for another thread
+    which needs the lock (a ULFM agreement takes it) must not wait on hpccomm."""
+    import threading
+
+    from hpccomm.mpi_level import helper_lock
+
+    skip_below_thread_multiple("the progress thread (MPI calls from a second thread)")
+    x = torch.ones(4)
+    seen = []
+    if rank == 0:  # the others come later: the thread completes rank 0's future
+        future = dist.all_reduce(x, async_op=True).get_future()
+        future.then(lambda f: seen.append((threading.current_thread().name,
+                                           helper_lock._is_owned())))
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == [("hpccomm-progress", False)], seen
+    else:
+        time.sleep(0.3)
+        dist.all_reduce(x, async_op=True).wait()
+    assert_close(x, torch.full((4,), float(size)))
+
+
 # -- groups -----------------------------------------------------------------------------------
 def test_new_group_and_non_members(torch_world, rank, size):
     evens = dist.new_group([r for r in range(size) if r % 2 == 0])

@@ -108,7 +108,8 @@ class MeshGroups:
         """``MPI_Cart_sub`` (or ``MPI_Comm_split``) of the Cartesian communicator."""
         cart = self._cartesian()
         what = f"DeviceMesh.get_group('{label}')"
-        rendezvous.meet_all(cart, what, None)
+        # the same words on every rank of the mesh (each makes the group of its own line)
+        rendezvous.meet_all(cart, what, None, f"{what} of a mesh of shape {self.shape}")
         kept = layouts.cartesian_dims(dim, self.shape)
         try:
             if kept is not None:
@@ -121,7 +122,7 @@ class MeshGroups:
         except Exception as exc:
             raise self._error(f"creating the '{label}' group of ranks {line} failed: "
                               f"{exc}") from exc
-        name = registry.unique_name(line, prefix=f"mesh_{label}")
+        name = registry.unique_name(line, prefix=f"mesh_{label}")  # once made
         pg = from_communicator(comm, name, timeout=spec[1], backend=spec[0],
                                desc=f"mesh_{label}")
         if list(pg.ranks) != line:
@@ -141,12 +142,14 @@ class MeshGroups:
         members = [int(r) for r in self.rank_map]
         mpi = mpi_backend()
         what = "DeviceMesh.get_group (Cartesian communicator)"
+        call = (f"DeviceMesh of shape {self.shape} over global ranks {members}, "
+                f"making group '{registry.next_name(members, prefix='mesh')}'")
         try:
             if members == list(range(world.size())):
-                rendezvous.meet_all(world, what, None)
+                rendezvous.meet_all(world, what, None, call)
                 comm = mpi.cart_create(world.comm, self.shape)
             else:  # a subset or another order: the members alone, in mesh order
-                rendezvous.meet_members(world, members, what, None)
+                rendezvous.meet_members(world, members, what, None, call)
                 tag = (hash(tuple(members)) & 0x3FFF) + 1
                 ordered = mpi.create_subcomm(world.comm, members, tag)
                 try:

@@ -2,19 +2,20 @@
 
 A timed-out rank cannot learn from MPI which peer never joined. So each rank whose
 collective timed out sends ``[seq, op code, waited ms, group]`` to every other rank of the
-group
-(point-to-point, reserved tag, on the same communicator: point-to-point never matches
-the stuck collective) and listens for the others' reports for a short grace period
-(:data:`GRACE_S`, at most the timeout). Ranks that report the same operation are stuck
-with us; ranks that report another one are elsewhere; ranks that never report are not
-inside an hpccomm collective of this group at all: they are the ones named. The result
+group (point-to-point, on the group's channel: a communicator of hpccomm's own, where no
+user message and no collective can match it) and listens for the others' reports for a
+short grace period (:data:`GRACE_S`, at most the timeout), taking each by matched probe,
+so that no receive stays posted when it stops listening. Ranks that report the same
+operation are stuck with us; ranks that report another one are elsewhere; ranks that
+never report are not inside an hpccomm collective of this group at all: they are the
+ones named. The result
 is a sentence for the timeout error and :data:`last` for the flight recorder. Groups
 larger than :data:`MAX_RANKS` skip it (the message count grows as the square of the
 size); ``HPCCOMM_ROLLCALL_GRACE=0`` turns it off. It is an observer of timeouts,
 registered by :func:`install` (``init_process_group`` does it) before all others.
 
 A rank that never times out never reads the reports sent to it; they stay in MPI's queue
-of the group's communicator, and MPI may give a later communicator the same context once
+of the group's channel, and MPI may give a later communicator the same context once
 the group is destroyed. So each report names its group (a hash of the group's name, which
 its members agree on), and a report of another group is not counted.
 """
@@ -76,22 +77,20 @@ def hook(work: Any, waited: float) -> Optional[str]:
                 if size > MAX_RANKS else None)
     group = zlib.crc32(pg.group_name.encode())
     report = np.array([work.seq, code, int(waited * 1000), group], dtype=np.int64)
-    sends = [as_work(pg.cpu.send(report, peer, TAG)) for peer in range(size) if peer != me]
+    channel = pg.hidden
+    sends = [as_work(channel.send(report, peer, TAG)) for peer in range(size) if peer != me]
     heard: Dict[int, List[int]] = {}
     limit = work.timeout if work.timeout is not None else GRACE_S
     deadline = time.monotonic() + min(GRACE_S, max(limit, 0.05))
-    buf = np.zeros(4, dtype=np.int64)
-    receive = as_work(pg.cpu.recv(buf, None, TAG))
     polls = 0
-    while receive is not None and time.monotonic() < deadline:
-        if receive.is_completed():
-            source = receive.value  # the sender's group rank
-            if 0 <= source < size and source != me and buf[3] == group:
-                heard[source] = buf[:3].tolist()
-            receive = None
-            if len(heard) < size - 1:  # post another receive only while someone is unheard
-                buf = np.zeros(4, dtype=np.int64)
-                receive = as_work(pg.cpu.recv(buf, None, TAG))
+    while len(heard) < size - 1 and time.monotonic() < deadline:
+        taken = channel.take(TAG)  # a matched probe: nothing stays posted after the loop
+        if taken is not None:
+            source, data = taken  # the sender's group rank, its report
+            if data.size == report.nbytes and 0 <= source < size and source != me:
+                got = data.view(np.int64)
+                if got[3] == group:
+                    heard[source] = got[:3].tolist()
             continue
         polls += 1
         if polls > 200:

@@ -246,7 +246,8 @@ def _allgather_ranks(world: Any, rank: int, seconds: float) -> List[int]:
 def _subgroup(ranks: List[int], group_rank: int, seconds: float, name: str) -> HostGroup:
     """A group of torch global ``ranks`` (this rank among them), members only."""
     control = _control_for_subgroups(seconds)
-    _meet.meet_members(control, ranks, f"new_group({ranks})", seconds)
+    _meet.meet_members(control, ranks, f"new_group({ranks})", seconds,
+                       f"new_group(ranks={ranks})")
     tag = (hash(tuple(ranks)) & 0x3FFF) + 1
     comm = mpi_backend().create_subcomm(control.comm, ranks, tag)
     host = HostGroup(comm, name=name, world_ranks=ranks, timeout=seconds, backends=_CPU_ONLY)
@@ -272,7 +273,9 @@ def _control_for_subgroups(seconds: float) -> HostGroup:
             f"{dist.get_world_size()} is MPI's rank {world.Get_rank()} of "
             f"{world.Get_size()}; without an hpccomm default group the two numberings must "
             f"agree (launch one MPI job and use init_method='mpi://')")
+    # made by the members of this subgroup only: no channel of its own (its meetings go
+    # on MPI_COMM_WORLD itself, on hpccomm's reserved tags)
     _state.control = HostGroup(world, name="MPI_COMM_WORLD", world_ranks=range(world.Get_size()),
-                               timeout=seconds, backends=_CPU_ONLY)
+                               timeout=seconds, backends=_CPU_ONLY, own_channel=False)
     return _state.control
 

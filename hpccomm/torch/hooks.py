@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch._C._distributed_c10d as _c10d
@@ -106,6 +107,10 @@ class GroupState:
         self.watch: Optional[Watch] = None
         self.abort_hooks: Dict[int, Callable[[], None]] = {}
         self.error = SUCCESS
+        #: Whether the abort hooks have run (they run once), and the lock under which a
+        #: failure is recorded: the progress thread and the caller's may report at once.
+        self._aborted = False
+        self._lock = threading.Lock()
 
     # -- pre/post hooks -----------------------------------------------------------------
     def register(self, kind: str, hook_id: int, hook: Callable[[Any], None]) -> None:
@@ -127,13 +132,18 @@ class GroupState:
         kind = error_kind(exc)
         if kind is None:
             return
-        first = self.error == SUCCESS
-        self.error = kind
-        if first:
-            self.run_abort_hooks()
+        with self._lock:
+            self.error = kind
+        self.run_abort_hooks()
 
     def run_abort_hooks(self) -> None:
-        """Run every abort hook once; one that raises is logged, the others still run."""
+        """Run every abort hook, the first time only (a failure, or an abort); one that
+        raises is logged, the others still run. Called outside hpccomm's locks: the
+        hooks are the user's code."""
+        with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
         hooks: List[Callable[[], None]] = list(self.abort_hooks.values())
         for hook in hooks:
             try:

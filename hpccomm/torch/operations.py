@@ -37,7 +37,7 @@ from torch._C import _distributed_c10d as _c10d
 from .. import _call
 from ..diagnostics.monitored_barrier import run_on as _monitored_barrier_on
 from ..errors import DistBackendError
-from ..types import timeout_seconds
+from ..types import MAX_USER_TAG, timeout_seconds
 from ..work import chain
 from . import _tensors
 from .errors import for_torch
@@ -630,6 +630,7 @@ class TensorOperations:
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
         t = self._one("send", tensors)
         peer = self._peer("send", dstRank)
+        self._tag("send", tag)
         comm, arr = _call.array(self._host, "send", _tensors.inputs(t), output=False)
         return self._p2p("send", comm.send, (arr, peer, tag), arr, peer, tensors)
 
@@ -637,6 +638,7 @@ class TensorOperations:
     def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int) -> dist.Work:
         t = self._one("recv", tensors)
         peer = self._peer("recv", srcRank)
+        self._tag("recv", tag)
         arr, back = _output(t)
         comm, arr = _call.array(self._host, "recv", arr)
         return self._p2p("recv", comm.recv, (arr, peer, tag), arr, peer, tensors, back)
@@ -644,6 +646,7 @@ class TensorOperations:
     @_operation("recv", _first, spec=_received, event="recv_anysource")
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int) -> dist.Work:
         t = self._one("recv", tensors)
+        self._tag("recv", tag)
         arr, back = _output(t)
         comm, arr = _call.array(self._host, "recv", arr)
         return self._p2p("recv", comm.recv, (arr, None, tag), arr, None, tensors, back)
@@ -675,6 +678,15 @@ class TensorOperations:
             raise self._host.error(op, f"root rank {rank} is out of range for a group of "
                                        f"size {self.size()}")
         return rank
+
+    def _tag(self, op: str, tag: int) -> None:
+        """A point-to-point tag is one MPI takes on every library, as ``hpccomm.send``'s:
+        MPI guarantees tags up to 32767 only (and hpccomm's own messages use the few
+        above :data:`~hpccomm.types.MAX_USER_TAG` where a group has no channel)."""
+        if type(tag) is not int or not 0 <= tag <= MAX_USER_TAG:
+            raise self._host.error(op, f"tag {tag!r} must be an int in [0, {MAX_USER_TAG}] "
+                                       f"(MPI's guaranteed range, less hpccomm's reserved "
+                                       f"tags)")
 
     def _peer(self, op: str, rank: int) -> int:
         self._root(op, rank)

@@ -27,6 +27,10 @@ from torch._C import _autograd
 _enter = _autograd._record_function_with_args_enter
 _exit = _autograd._record_function_with_args_exit
 _ident = threading.get_ident
+#: Seconds a caller waits for the closing thread to end its event: ending one takes
+#: microseconds; past this the caller goes on (the event ends late, or not at all, in
+#: the profile) rather than wait on a helper thread without a deadline.
+CLOSE_WAIT_S = 5.0
 
 #: Event names that differ from hpccomm's name for the operation (torch's backends name
 #: both all-to-alls ``all_to_all`` and a receive from any rank ``recvAnySource``).
@@ -76,7 +80,8 @@ class _Closer:
         self._starting = threading.Lock()
 
     def close(self, handle: Any) -> None:
-        """End ``handle``'s event on the closing thread, and wait until it has."""
+        """End ``handle``'s event on the closing thread, and wait until it has (at most
+        :data:`CLOSE_WAIT_S`)."""
         done = threading.Lock()
         done.acquire()
         self._requests.put((handle, done))
@@ -87,7 +92,7 @@ class _Closer:
                                               name="hpccomm-profiler-events")
                     thread.start()
                     self._thread = thread
-        done.acquire()
+        done.acquire(timeout=CLOSE_WAIT_S)
 
     def _serve(self) -> None:
         while True:

@@ -71,9 +71,9 @@ def available() -> bool:
 
 
 class Progress:
-    """The thread and its queue of works (objects with ``advance()`` and
-    ``expire(now)``, both true once the work has finished, and ``done``, true once
-    it is known to have finished)."""
+    """The thread and its queue of works (objects with ``advance(settle)`` and
+    ``expire(now, settle)``, both true once the work has finished, ``settle()``, which
+    closes a finished work out, and ``done``, true once it is known to have finished)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -172,10 +172,17 @@ class Progress:
                     idle_since, delay = _monotonic(), POLL_S
                     continue
             if active and not self._held:
-                with helper_lock:  # never inside MPI while an agreement progresses
-                    active = [work for work in active if not _advance(work)]
-                now = _monotonic()
-                active = [work for work in active if not work.expire(now)]
+                # every MPI call of the round (tests, the timeouts' roll calls) under the
+                # lock, so never inside MPI while an agreement progresses; the user's code
+                # that finished works run (future callbacks, abort hooks) after it
+                with helper_lock:
+                    ended = [work for work in active if _advance(work)]
+                    now = _monotonic()
+                    ended += [work for work in active if not work.done and _expire(work, now)]
+                for work in ended:
+                    _settle(work)
+                gone = {id(work) for work in ended}
+                active = [work for work in active if id(work) not in gone and not work.done]
                 idle_since = now
                 # close polling only for operations still running with nobody waiting;
                 # works their callers already completed (async ops waited at once) are
@@ -194,11 +201,29 @@ class Progress:
 
 
 def _advance(work: Any) -> bool:
-    """One test of ``work``; a failure inside it finishes the work, never the thread."""
+    """One test of ``work``, not yet settled; a failure inside it finishes the work,
+    never the thread."""
     try:
-        return work.advance()
+        return work.advance(settle=False)
     except BaseException:  # the work recorded its error; its waiter will raise it
         return True
+
+
+def _expire(work: Any, now: float) -> bool:
+    """Time ``work`` out if its deadline passed (not yet settled); whether it ended."""
+    try:
+        return work.expire(now, settle=False)
+    except BaseException:  # a timeout hook failed: the work has its error all the same
+        return True
+
+
+def _settle(work: Any) -> None:
+    """Close ``work`` out (the user's callbacks run here, outside :data:`helper_lock`);
+    an error there is the callback's, never the thread's end."""
+    try:
+        work.settle()
+    except BaseException:
+        pass
 
 
 #: The process's progress thread (started on first use).

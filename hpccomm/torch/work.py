@@ -133,8 +133,11 @@ class PendingWork(dist.Work):
         self._deadline = _INF if limit is None else self._start + limit
 
     # -- driving ------------------------------------------------------------------------
-    def advance(self) -> bool:
-        """Test once without blocking; true once the operation has finished."""
+    def advance(self, settle: bool = True) -> bool:
+        """Test once without blocking; true once the operation has finished. Then it is
+        closed out (:meth:`settle`) unless ``settle`` is false: the progress thread
+        tests under :data:`~hpccomm.mpi_level.helper_lock` and settles after it, since
+        settling runs the user's code (future callbacks, abort hooks)."""
         if self.done:
             return True
         if not self._lock.acquire(False):  # the other thread is testing it right now
@@ -151,21 +154,29 @@ class PendingWork(dist.Work):
             self.done = finished
         finally:
             self._lock.release()
-        if finished:
+        if finished and settle:
             self._settle()
         return finished
 
     def _finished(self) -> bool:
         return self.done
 
-    def expire(self, now: float) -> bool:
-        """Fail with a timeout if the deadline has passed (progress thread); true if so."""
+    def expire(self, now: float, settle: bool = True) -> bool:
+        """Fail with a timeout if the deadline has passed (progress thread); true if so.
+        The timeout's hooks (the roll call, with its MPI calls) run here; closing it out
+        (:meth:`settle`) too unless ``settle`` is false, as for :meth:`advance`."""
         if self.done or now <= self._deadline:
             return self.done
-        self._time_out(now - self._start, self._work.timeout)
+        self._time_out(now - self._start, self._work.timeout, settle)
         return True
 
-    def _time_out(self, waited: float, limit: Optional[float]) -> None:
+    def settle(self) -> None:
+        """Close out a finished work: its profiler event, the group's failure report
+        (abort hooks) and its future (callbacks). Once; any thread may call it."""
+        if self.done:
+            self._settle()
+
+    def _time_out(self, waited: float, limit: Optional[float], settle: bool = True) -> None:
         with self._lock:
             if self.done or self._polled:  # a waiter enforces its own limit
                 return
@@ -174,7 +185,8 @@ class PendingWork(dist.Work):
             except Exception:
                 pass
             self.done = True
-        self._settle()
+        if settle:
+            self._settle()
 
     def end_with(self, record: Any) -> None:
         """End ``record`` (a profiler event, :mod:`.profiling`) when the operation

@@ -35,6 +35,7 @@ from typing import Any, Callable, Deque, List, Optional, Tuple
 import numpy as np
 
 from ... import launcher_env, observe, settings
+from ...mpi_level import helper_lock
 from ...errors import DistError
 from ...work import Work
 
@@ -294,7 +295,10 @@ class Watchdog:
             if self.owner.failure is not None:
                 return
             try:
-                self.check(_monotonic())
+                # a round may time an operation out, whose hooks (the roll call) call MPI:
+                # like every helper thread's, under helper_lock
+                with helper_lock:
+                    self.check(_monotonic())
             except Exception:  # never let the watchdog die silently on a query error
                 pass
 

@@ -4,16 +4,19 @@
 deadline, and NCCL refuses a communicator in which two ranks use the same device with
 only ``NCCL_ERROR_INVALID_USAGE`` to say so. So before a communicator is created, its
 ranks meet over MPI under the group's timeout (:func:`meet`, a
-:mod:`~hpccomm.backends.mpi.meeting` on the NCCL tags), each bringing which communicator
-it came to make and where it runs (world rank, device index, host name and the device's
-UUID). The leader, the communicator's first rank, then answers every rank at once:
+:mod:`~hpccomm.backends.mpi.meeting` on the group's channel), each bringing which
+communicator it came to make and where it runs (world rank, device index, host name and
+the device's UUID). The leader, the communicator's first rank, then answers every rank
+at once:
 
 * the NCCL unique id, when all came, to make the same communicator, on distinct GPUs;
 * :class:`~hpccomm.errors.NeverCame` naming the ranks that did not come within the
   timeout (the dispatch layer adds the operation and the group);
 * a :class:`~hpccomm.errors.DistBackendError`, the same on every rank, naming the ranks
-  that share a device (host, device, UUID and the ways out), or the ranks that came to
-  make another communicator (a call on another group or pair).
+  that share a device (host, device, UUID and the ways out);
+* a :class:`~hpccomm.errors.DistDesyncError`, the same on every rank, naming the ranks
+  that came to make another communicator (a call on another group or pair), or to make
+  a group of the same communicator (a meeting of ``new_group``, ``split_group``...).
 
 Once every rank holds the id, NCCL's creation has no rank left to wait for, only its own
 bootstrap (bounded by :mod:`.deadline`). A rank whose
@@ -27,14 +30,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...errors import DistBackendError, DistTimeoutError, NeverCame
+from ...errors import DistBackendError, DistDesyncError, NeverCame
 from ..mpi import meeting
 from .nccl4py_binding import root_index
 
 #: Bytes of one rank's record in the exchange (``world\tdevice\thost\tuuid``, NUL-padded).
 RECORD_BYTES = 512
-#: Bytes of the name of the communicator a rank came to make, in its record.
-KEY_BYTES = 64
 #: Bytes of an NCCL unique id (``NCCL_UNIQUE_ID_BYTES``).
 UID_BYTES = 128
 #: The leader's answer starts with the form its CuPy gave the id in, which every rank's
@@ -148,6 +149,28 @@ def _raise_if_shared(table: Sequence[Identity], ranks: Optional[Sequence[int]]) 
         raise DistBackendError(message(table, shared, ranks))
 
 
+class _CreationWords(meeting.Words):
+    """An NCCL creation's failures, in the group's ranks (the dispatch layer adds the
+    operation and the group to :class:`~hpccomm.errors.NeverCame`)."""
+
+    def __init__(self, comm: Any, members: List[int], key: str, timeout: Optional[float]):
+        super().__init__(creation(key, members))
+        self.comm, self.members, self.key, self.timeout = comm, members, key, timeout
+
+    def missing(self, named: List[int], count: int, leader: Optional[int]) -> BaseException:
+        return NeverCame(_never_came(self.comm, self.members, self.what, named, count,
+                                     leader, self.timeout))
+
+    def unanswered(self, leader: int, limit: Optional[float]) -> BaseException:
+        return NeverCame(_never_answered(self.comm, self.members, self.what, self.timeout))
+
+    def differ(self, calls: List[Tuple[int, str]], absent: List[int]) -> str:
+        return _different([call for _, call in calls], [rank for rank, _ in calls], absent)
+
+    def desync(self, text: str) -> BaseException:
+        return DistDesyncError(text)
+
+
 def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
          timeout: Optional[float], unique_id: Optional[Callable[[], Any]]) -> Any:
     """The meeting of ``members`` (positions in ``comm``, the group's MPI communicator,
@@ -158,14 +181,9 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
     (a split needs none); raises on every member if some never came within ``timeout``
     seconds, if two share a GPU, or if they came to make different communicators."""
     members = [int(m) for m in members]
-    what = creation(key, members)
 
     def judge(records: List[np.ndarray]) -> bytes:
-        keys = [bytes(r[RECORD_BYTES:]).rstrip(b"\0").decode(errors="replace")
-                for r in records]
-        if any(k != keys[0] for k in keys):
-            raise DistBackendError(_different(keys, members))
-        _raise_if_shared([decode(r[:RECORD_BYTES]) for r in records], members)
+        _raise_if_shared([decode(r) for r in records], members)
         if unique_id is None:
             return b""
         made = unique_id()
@@ -175,23 +193,18 @@ def meet(comm: Any, members: Sequence[int], key: str, cp: Any, device: int,
                                    f"{UID_BYTES}")
         return (_AS_BYTES if isinstance(made, bytes) else _AS_CHARS) + uid
 
-    def missing(named: List[int], count: int, leader: Optional[int]) -> NeverCame:
-        return NeverCame(_never_came(comm, members, what, named, count, leader, timeout))
-    mine = np.zeros(RECORD_BYTES + KEY_BYTES, np.uint8)
-    mine[:RECORD_BYTES] = encode(identity(cp, device))
-    text = key.encode()[:KEY_BYTES]
-    mine[RECORD_BYTES:RECORD_BYTES + len(text)] = np.frombuffer(text, np.uint8)
-    try:
-        answer = meeting.meet(comm, members, meeting.NCCL_CREATION, what, timeout, missing,
-                              record=mine, judge=judge)
-    except NeverCame:
-        raise
-    except DistTimeoutError:  # the first rank never took this rank's record or answered
-        raise NeverCame(_never_answered(comm, members, what, timeout)) from None
+    answer = meeting.meet(comm, members, _CALL + key, timeout,
+                          _CreationWords(comm, members, key, timeout),
+                          record=encode(identity(cp, device)), judge=judge)
     if not answer:
         return None
     form, uid = answer[:1], answer[1:]
     return uid if form == _AS_BYTES else tuple(int(b) for b in np.frombuffer(uid, np.int8))
+
+
+#: How an NCCL creation's call begins in its meeting (the key follows): the calls of the
+#: other meetings on the group's channel (a group's creation) do not.
+_CALL = "NCCL communicator "
 
 
 def root_ids(comm: Any, roots: int, unique_id: Callable[[], bytes],
@@ -243,14 +256,27 @@ def _ordinal(key: str) -> str:
     return f"{n}{ending}"
 
 
-def _different(keys: Sequence[str], members: Sequence[int]) -> str:
-    """The refusal when the ranks came to make different communicators."""
-    by_key: Dict[str, List[int]] = {}
-    for member, key in zip(members, keys):
-        by_key.setdefault(key, []).append(member)
-    parts = [f"rank{'s' if len(ranks) > 1 else ''} {_names(ranks)} of the group "
-             f"{'come' if len(ranks) > 1 else 'comes'} to make "
-             f"{_described(key, _pair(key, members))}" for key, ranks in by_key.items()]
+def _different(calls: Sequence[str], ranks: Sequence[int], absent: Sequence[int]) -> str:
+    """The account, the same on every rank, of ranks (of the group) that came to make
+    different communicators: ``calls`` are their meetings' calls (an NCCL creation's
+    key after :data:`_CALL`, or a group creation's words), ``absent`` the ranks expected
+    that never came."""
+    by_call: Dict[str, List[int]] = {}
+    for rank, call in zip(ranks, calls):
+        by_call.setdefault(call, []).append(rank)
+    parts = []
+    for call, who in by_call.items():
+        many = len(who) > 1
+        if call.startswith(_CALL):
+            key = call[len(_CALL):]
+            made = _described(key, _pair(key, sorted(who)))
+        else:
+            made = f"a group ({call})"
+        parts.append(f"rank{'s' if many else ''} {_names(who)} of the group "
+                     f"{'come' if many else 'comes'} to make {made}")
+    if absent:
+        parts.append(f"rank{'s' if len(absent) > 1 else ''} {_names(list(absent))} of "
+                     f"the group never came")
     return ("hpccomm NCCL backend: the ranks called for different NCCL communicators (a "
             "GPU call on another group or pair, or a call one rank skipped): " +
             "; ".join(parts) + ". Nothing was created.")

@@ -121,12 +121,14 @@ _WAITS_AT = 24  # offset of the last field, which may differ between ranks
 _ROOTED = {"Ibcast", "Ireduce"}  # calls whose last argument is the root
 
 
-def dup_within(comm: Any, timeout: Optional[float]) -> Any:
-    """``comm`` duplicated (``MPI_Comm_idup`` polled under ``timeout``)."""
+def dup_within(comm: Any, timeout: Optional[float],
+               what: str = "creating the MPI backend of a group") -> Any:
+    """``comm`` duplicated (``MPI_Comm_idup`` polled under ``timeout``); ``what`` names
+    the creation in the error if some rank never comes."""
     new, request = comm.Idup()
     if poll(request.Test, timeout):
-        raise DistTimeoutError(f"creating the MPI backend of a group of {comm.Get_size()} "
-                               f"ranks: not every rank arrived within {timeout} s")
+        raise DistTimeoutError(f"{what} of {comm.Get_size()} ranks: not every rank "
+                               f"arrived within {timeout} s")
     new.Set_errhandler(MPI.ERRORS_RETURN)
     return new
 
