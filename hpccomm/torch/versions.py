@@ -22,13 +22,13 @@ from typing import Optional
 
 import torch
 
-from .._version import TESTED_TORCH, torch_tested
+from .._version import TESTED_TORCH, tested_torch_text, torch_tested
 
 #: The torch releases (major.minor) the backend is tested on.
 TESTED = TESTED_TORCH
 
 #: What ``hpccomm[torch]`` installs: every tested release, no other.
-REQUIREMENT = "torch>=2.13,<2.15"
+REQUIREMENT = "torch>=2.13,<2.16"
 
 
 def tested(version: Optional[str] = None) -> bool:
@@ -41,7 +41,7 @@ def untested_note(version: Optional[str] = None) -> Optional[str]:
     if tested(version):
         return None
     text = torch.__version__ if version is None else version
-    return (f"hpccomm.torch is tested on torch {' and '.join(TESTED)}; this is torch "
+    return (f"hpccomm.torch is tested on torch {tested_torch_text()}; this is torch "
             f"{text}. It is used as it is: report what fails, or install a tested "
             f"release (pip install '{REQUIREMENT}')")
 
