@@ -31,10 +31,9 @@ from ..errors import DistValueError
 from ..group import ProcessGroup as HostGroup, mpi_backend
 from ..types import default_pg_timeout
 from . import progress as _progress
-from .process_group import ProcessGroupHPC
+from .process_group import CPU_ONLY, ProcessGroupHPC
 from .store import MPITorchStore
 
-_CPU_ONLY = {"cpu": "mpi"}
 
 
 def job_world() -> Any:
@@ -158,9 +157,9 @@ def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     try:
         cores = _init.poll_policy(base)  # how waits yield when ranks outnumber cores
         control = HostGroup(mpi_backend().dup(base), name="hpccomm-torch-control",
-                            world_ranks=range(size), timeout=seconds, backends=_CPU_ONLY)
+                            world_ranks=range(size), timeout=seconds, backends=CPU_ONLY)
         host = HostGroup(mpi_backend().dup(base), name=name, world_ranks=range(size),
-                         timeout=seconds, backends=_CPU_ONLY)
+                         timeout=seconds, backends=CPU_ONLY)
     finally:
         mpi_backend().free(renumbered)
     _forget_world()
@@ -198,7 +197,7 @@ def _subgroup(ranks: List[int], group_rank: int, seconds: float, name: str) -> H
     _meet.meet_members(control, ranks, f"new_group({ranks})", seconds)
     tag = (hash(tuple(ranks)) & 0x3FFF) + 1
     comm = mpi_backend().create_subcomm(control.comm, ranks, tag)
-    host = HostGroup(comm, name=name, world_ranks=ranks, timeout=seconds, backends=_CPU_ONLY)
+    host = HostGroup(comm, name=name, world_ranks=ranks, timeout=seconds, backends=CPU_ONLY)
     if host.rank() != group_rank:  # torch and MPI number members alike (sorted order)
         host.shutdown()
         raise DistValueError(f"backend 'hpccomm': group {name} has this process at rank "
@@ -222,6 +221,6 @@ def _control_for_subgroups(seconds: float) -> HostGroup:
             f"{world.Get_size()}; without an hpccomm default group the two numberings must "
             f"agree (launch one MPI job and use init_method='mpi://')")
     _state.control = HostGroup(world, name="MPI_COMM_WORLD", world_ranks=range(world.Get_size()),
-                               timeout=seconds, backends=_CPU_ONLY)
+                               timeout=seconds, backends=CPU_ONLY)
     return _state.control
 
