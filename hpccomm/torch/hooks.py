@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch._C._distributed_c10d as _c10d
 
 from .. import errors
+from . import flight_recorder
 
 logger = logging.getLogger("hpccomm")
 
@@ -126,6 +127,9 @@ class GroupState:
         self.watch: Optional[Watch] = None
         self.abort_hooks: Dict[int, Callable[[], None]] = {}
         self.error = SUCCESS
+        #: The group's flight recorder trace (:mod:`.flight_recorder`), ``None`` while
+        #: torch's recorder is off (``TORCH_FR_BUFFER_SIZE=0``).
+        self.trace: Any = None
 
     # -- pre/post hooks -----------------------------------------------------------------
     def register(self, kind: str, hook_id: int, hook: Callable[[Any], None]) -> None:
@@ -153,7 +157,9 @@ class GroupState:
             self.run_abort_hooks()
 
     def run_abort_hooks(self) -> None:
-        """Run every abort hook once; one that raises is logged, the others still run."""
+        """Write the flight recorder's dump (where torch's variable asks for one), then
+        run every abort hook once; one that raises is logged, the others still run."""
+        flight_recorder.dump_on_failure()
         hooks: List[Callable[[], None]] = list(self.abort_hooks.values())
         for hook in hooks:
             try:

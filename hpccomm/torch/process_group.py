@@ -25,7 +25,7 @@ from .. import rendezvous as _meet
 from ..errors import DistValueError
 from ..group import ProcessGroup as HostGroup, mpi_backend
 from ..types import timeout_seconds
-from . import _tensors, versions
+from . import _tensors, flight_recorder, versions
 from .backend import BackendHPC
 from .hooks import GroupState
 from .operations import TensorOperations
@@ -49,6 +49,7 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
         self._desc = host.group_desc
         self._cuda_backend: Any = None
         self._state = GroupState()
+        self._state.trace = flight_recorder.trace_for(host, self._state)
         #: torch dtype -> (MPI datatype, itemsize): what all_reduce's direct form takes.
         self._direct = _tensors.direct_types(host.cpu.direct_types)
         #: The CPU backend torch's code finds on this group.
