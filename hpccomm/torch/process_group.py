@@ -22,11 +22,12 @@ import torch
 import torch.distributed as dist
 
 from .. import rendezvous as _meet
-from ..errors import DistValueError
+from ..errors import DistBackendError, DistValueError
 from ..group import ProcessGroup as HostGroup, mpi_backend
 from ..types import timeout_seconds
 from . import _tensors, flight_recorder, versions
 from .backend import BackendHPC
+from .errors import for_torch
 from .hooks import GroupState
 from .operations import TensorOperations
 
@@ -222,8 +223,11 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
         split and gets ``None``."""
         seconds = timeout_seconds(timeout) or self._host.timeout
         name = group_name or f"{self._name}:split"
-        host = split_host(self._host, [int(r) for r in ranks], seconds, name,
-                          group_desc or "undefined")
+        try:
+            host = split_host(self._host, [int(r) for r in ranks], seconds, name,
+                              group_desc or "undefined")
+        except DistBackendError as exc:  # a rank never came: torch's error class too
+            raise for_torch(exc) from None
         if host is None:
             return None
         child = ProcessGroupHPC(dist.PrefixStore(f"{name}/", self._store), host)
