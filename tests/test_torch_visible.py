@@ -252,3 +252,41 @@ def test_what_the_backend_says_it_offers(world):
         with pytest.raises(NotImplementedError, match="time estimator is not supported"):
             with dist.distributed_c10d._time_estimator():
                 pass
+
+
+@pytest.mark.skipif(not hasattr(dist.Backend, "_ensure_backend_registered"),
+                    reason=f"torch 2.15 feature (this is torch {torch.__version__})")
+def test_the_cuda_half_is_what_torch_makes_for_its_name(world, monkeypatch):
+    """torch 2.15 makes "nccl" ProcessGroupNCCL2 (ProcessGroupNCCL with
+    TORCH_DIST_USE_NCCL2=0 or "nccl-legacy"): the CUDA backend of a group made as
+    "cpu:hpccomm,cuda:<name>" is what torch's own creator for that name makes, with the
+    group's name, ranks and timeout (a registered stand-in here: this machine may have no
+    GPU)."""
+    from hpccomm.torch.process_group import cuda_creator
+
+    c10d = dist.distributed_c10d
+    assert cuda_creator("nccl").function is c10d._create_nccl2_process_group
+    assert cuda_creator("nccl-legacy").function is c10d._create_nccl_process_group
+    made = []
+
+    class StandIn(torch._C._distributed_c10d.Backend):
+        pass
+
+    def create(options, backend_options):
+        made.append((options.group_id, list(options.global_ranks_in_group),
+                     options.timeout, options.group_rank, options.group_size))
+        return StandIn(options.group_rank, options.group_size)
+    if "STANDIN" not in dist.Backend._plugins:
+        dist.Backend.register_backend("standin", create, extended_api=True,
+                                      devices=["cuda"])
+    else:
+        monkeypatch.setitem(dist.Backend._plugins, "STANDIN",
+                            dist.Backend._plugins["STANDIN"]._replace(creator_fn=create))
+    size = dist.get_world_size()
+    pg = dist.new_group(list(range(size)), backend=f"cpu:{world},cuda:standin",
+                        timeout=TIMEOUT)
+    backend = pg._get_backend(torch.device("cuda"))
+    assert isinstance(backend, StandIn) and pg._get_backend(torch.device("cuda")) is backend
+    assert made == [(pg.group_name, list(range(size)), TIMEOUT, dist.get_rank(), size)]
+    assert {d.type for d in pg._device_types} == {"cpu", "cuda"}
+    dist.destroy_process_group(pg)

@@ -168,11 +168,12 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
 
     def _cuda_backend_name(self) -> Optional[str]:
         """The CUDA backend the group was created with (``"nccl"`` for
-        ``"cpu:hpccomm,cuda:nccl"``), ``None`` for a CPU-only group."""
+        ``"cpu:hpccomm,cuda:nccl"``; torch 2.15 also has ``"nccl-legacy"``,
+        ``"nccl-lazy"``...), ``None`` for a CPU-only group."""
         config = dist.distributed_c10d._world.pg_backend_config.get(self, "")
         for item in str(config).split(","):
             device, _, name = item.partition(":")
-            if device.strip() == "cuda" and name.strip().startswith("nccl"):
+            if device.strip() == "cuda" and name.strip():
                 return name.strip()
         return None
 
