@@ -206,6 +206,13 @@ def trace_for(host: Any, state: Any) -> Optional[GroupTrace]:
     return GroupTrace(_recorder, host, state, size)
 
 
+def forget(trace: Optional[GroupTrace]) -> None:
+    """A group was destroyed: its calls leave the dumps (torch numbers the groups of a
+    later world from 0 again, so two groups could share a name there)."""
+    if trace is not None and _recorder is not None and trace in _recorder.groups:
+        _recorder.groups.remove(trace)
+
+
 def completed(entry: list) -> None:
     """Mark ``entry``'s call complete (at its return, or at its Work's end, on whatever
     thread saw it)."""

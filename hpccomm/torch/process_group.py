@@ -33,6 +33,8 @@ from .operations import TensorOperations
 
 _CPU = torch.device("cpu")
 _CUDA = torch.device("cuda")
+#: The backend names a group of this class answers to (its CPU backend's).
+_OWN_NAMES = ("hpccomm", "mpi")
 
 
 class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
@@ -173,8 +175,10 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
         config = dist.distributed_c10d._world.pg_backend_config.get(self, "")
         for item in str(config).split(","):
             device, _, name = item.partition(":")
-            if device.strip() == "cuda" and name.strip():
-                return name.strip()
+            name = name.strip()
+            # torch expands a bare "mpi" to "cpu:mpi,cuda:mpi": CUDA tensors are not ours
+            if device.strip() == "cuda" and name and name not in _OWN_NAMES:
+                return name
         return None
 
     # -- settings and hooks ------------------------------------------------------------------
@@ -239,7 +243,9 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
 
     # -- life cycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Free the group's communicator (torch calls it from destroy_process_group)."""
+        """Free the group's communicator (torch calls it from destroy_process_group); the
+        flight recorder forgets the group (torch may give its name to a later group)."""
+        flight_recorder.forget(self._state.trace)
         if self._cuda_backend is not None:
             self._cuda_backend.shutdown()
         self._host.shutdown()
