@@ -135,8 +135,9 @@ class GroupTrace:
         recorder.groups.append(self)
 
     def one(self, name: str, shape: Any, dtype: Any) -> list:
-        """Record an in-place collective of one tensor (``shape``, ``dtype``): the hot
-        path, all_reduce."""
+        """Record an in-place collective of one tensor (``shape``, ``dtype``). (The
+        blocking all_reduce of :mod:`.operations` records its calls with these same
+        lines, inline.)"""
         self.ops = n = self.ops + 1
         entry = [n, name, self.p2p, shape, dtype, _time_ns(), None]
         self.ring[n % self.size] = entry

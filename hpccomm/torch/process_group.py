@@ -153,7 +153,7 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
                 if self.bound_device_id is not None:  # else it picks the device itself
                     options.process_group = self
                 backend, kind = creator(options, None), creator.kind
-            else:  # torch 2.13 and 2.14: "nccl" is ProcessGroupNCCL
+            else:  # torch 2.13: "nccl" is ProcessGroupNCCL
                 options = dist.ProcessGroupNCCL.Options()
                 options.group_name = self._name
                 options.global_ranks_in_group = list(self._host.ranks)
@@ -303,8 +303,9 @@ class _Creator:
 def cuda_creator(name: Optional[str]) -> Optional[_Creator]:
     """torch's own creator for the CUDA backend ``name`` where torch registers its NCCL
     backends by name (2.15: ``"nccl"`` is ``ProcessGroupNCCL2`` unless
-    ``TORCH_DIST_USE_NCCL2=0``; ``"nccl-legacy"``, ``"nccl-lazy"``); ``None`` on a torch
-    that does not (2.13, 2.14: ``"nccl"`` is ``ProcessGroupNCCL``)."""
+    ``TORCH_DIST_USE_NCCL2=0``, also ``"nccl-legacy"``, ``"nccl-lazy"``; 2.14:
+    ``ProcessGroupNCCL`` unless ``TORCH_DIST_USE_NCCL2=1``); ``None`` on a torch that
+    does not (2.13: ``"nccl"`` is ``ProcessGroupNCCL``)."""
     ensure = getattr(dist.Backend, "_ensure_backend_registered", None)
     if name is None or ensure is None:
         return None
