@@ -172,6 +172,8 @@ def test_torch_attaches_no_hook_that_would_never_fire(torch_world):
     assert len(pickle.loads(C10D._dump_fr_trace(backend="gloo"))["entries"]) == before
     C10D._reset_fr_trace(backend=torch_world)
     assert recorded(torch_world)[1] == []
+    assert flight_recorder.install([torch_world])  # the internals are there; idempotent
+    assert not hasattr(C10D._dump_fr_trace.__wrapped__, "hpccomm_served")
 
 
 # -- a hang, as a job of its own ----------------------------------------------------------------

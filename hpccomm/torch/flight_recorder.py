@@ -9,7 +9,7 @@ it for plugin backends through a hook that fires in its C++ dispatcher, which th
 on hpccomm's Python groups never reach (and reaching it costs tens of µs a call). So an
 hpccomm group records its own operations, as gloo does in C++: one ring per process
 (:class:`Recorder`), one :class:`GroupTrace` per group, an entry a list of references
-made when the operation is issued (about 0.2 µs) and stamped when it completes; nothing
+made when the operation is issued (about 0.4 µs) and stamped when it completes; nothing
 is formatted until a dump. A group records whatever way its operations come (torch's
 Python wrappers, C++ callers through torch's trampoline, its c10d backend); CUDA
 tensors of a ``"cpu:hpccomm,cuda:nccl"`` group are NCCL's, recorded (or not) by it.
