@@ -173,7 +173,12 @@ def _operation(op: str, first: Callable[[tuple], Any], nccl: Optional[str] = Non
                 return getattr(self._cuda(op, tensor), name)(*args, **kwargs)
             trace = self._state.trace
             if trace is not None:
-                return self._traced(trace, op, shown_as, spec(args), method, args, kwargs)
+                try:
+                    shown = spec(args)
+                except (IndexError, TypeError, AttributeError):  # arguments by keyword, or
+                    shown = None  # missing: the method itself says what is wrong
+                if shown is not None:
+                    return self._traced(trace, op, shown_as, shown, method, args, kwargs)
             if _profiler._is_profiler_enabled or self._state.watch is not None:
                 return self._watched(op, shown_as, spec(args), method, args, kwargs)
             try:
