@@ -7,10 +7,10 @@ operation, input and output sizes and dtypes, the group's collective and point-t
 sequence numbers, and state (``started`` while in flight, ``completed``). torch 2.15 fills
 it for plugin backends through a hook that fires in its C++ dispatcher, which the calls
 on hpccomm's Python groups never reach (and reaching it costs tens of µs a call). So an
-hpccomm group records its own operations, as gloo does in C++: one ring per process
-(:class:`Recorder`), one :class:`GroupTrace` per group, an entry a list of references
-made when the operation is issued (about 0.4 µs) and stamped when it completes; nothing
-is formatted until a dump. A group records whatever way its operations come (torch's
+hpccomm group records its own operations, as gloo does in C++: a :class:`GroupTrace`
+per group holds the ring of its last calls, each entry a list of references made when
+the call is issued (about 0.4 µs) and stamped when it completes; nothing is formatted
+until a dump. A group records whatever way its operations come (torch's
 Python wrappers, C++ callers through torch's trampoline, its c10d backend); CUDA
 tensors of a ``"cpu:hpccomm,cuda:nccl"`` group are NCCL's, recorded (or not) by it.
 
@@ -25,7 +25,7 @@ Dumps hold what torch's do (``version``, ``pg_config``, ``pg_status``, ``entries
   its groups' first timeout or failure (or ``abort()``).
 
 The same recorder runs on every tested torch (2.13 and 2.14 have no hook for plugin
-backends at all); torch's analyzer reads its dumps on each.
+backends at all); torch's analyzer reads its dumps on each (:func:`comm_lib`).
 """
 from __future__ import annotations
 
