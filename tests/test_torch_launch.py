@@ -123,6 +123,21 @@ def test_every_kind_of_wait_times_out_naming_the_operation():
     assert "Rank 1 failed to pass monitoredBarrier" in found["monitored"]["error"]
 
 
+def test_device_mesh_abort_runs_the_abort_hooks_then_ends_the_job():
+    """DeviceMesh.abort() (torch 2.15) on one rank: its groups' abort hooks run, then the
+    job ends at once (MPI offers no abort of one communicator), the waiting rank too."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not hasattr(DeviceMesh, "abort"):
+        pytest.skip("torch 2.15 feature (this is torch "
+                    f"{__import__('torch').__version__})")
+    code, output = run([CASE, "mesh_abort"], n=2, limit=60)
+    assert code != 0, output
+    found = result_lines(output)
+    assert (0, {"aborting": "1"}) in found and (0, {"abort_hook": "1"}) in found, output
+    assert "still running" not in output, output
+
+
 # -- the example -------------------------------------------------------------------------------
 EXAMPLE = os.path.join(ROOT, "examples", "torch_ddp.py")
 #: The README's command for it, run as written (its ``.venv/bin/python``: this Python)

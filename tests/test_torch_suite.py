@@ -16,7 +16,8 @@ and these tests read what each rank reported:
 
 Each test of the suite runs under a time limit (a hang fails it and names it); the whole
 job has one too. Serial: each job starts its own ranks. Runs once per torch release the
-CI installs (torch 2.13 in ``.venv``, 2.14 in ``.venv-torch214``).
+CI installs (torch 2.13 in ``.venv``, 2.14 in ``.venv-torch214``, 2.15 in
+``.venv-torch215``).
 """
 import collections
 import json
@@ -92,5 +93,6 @@ def test_torch_suite_passes(mode, tmp_path):
                         f"{len(failed)} failed, {counts['passed']} passed\n{detail}")
     assert counts["passed"] >= AT_LEAST[mode], (
         f"torch {torch.__version__}, _DistTestBase ({mode}): only {counts['passed']} "
-        f"tests passed (at least {AT_LEAST[mode]} run and pass on torch 2.13 and 2.14); "
+        f"tests passed (at least {AT_LEAST[mode]} run and pass on torch 2.13, 2.14 and "
+        f"2.15); "
         f"skipped: {counts['skipped']}")

@@ -226,8 +226,27 @@ def test_tensor_parallel_matches_single_process(torch_world, rank, size):
                 "tensor parallel")
 
 
-@pytest.mark.parametrize("schedule_name", ["ScheduleGPipe", "Schedule1F1B"])
-def test_pipeline_parallel_matches_single_process(torch_world, rank, size, schedule_name):
+@pytest.mark.parametrize("schedule_name,per_edge", [("ScheduleGPipe", False),
+                                                     ("Schedule1F1B", False),
+                                                     ("Schedule1F1B", True)])
+def test_pipeline_parallel_matches_single_process(torch_world, rank, size, schedule_name,
+                                                  per_edge):
+    """Also with torch 2.15's per-edge groups (``pipeline_per_edge_p2p``): one group per
+    direction of each pair of neighbouring stages, made with ``split_group``."""
+    import contextlib
+
+    from torch.distributed import config, pipelining
+
+    edges = contextlib.nullcontext()
+    if per_edge:
+        if not hasattr(config, "pipeline_per_edge_p2p"):
+            pytest.skip(f"torch 2.15 feature (this is torch {torch.__version__})")
+        edges = config.patch(pipeline_per_edge_p2p=True)
+    with edges:
+        train_pipeline(rank, size, schedule_name, per_edge)
+
+
+def train_pipeline(rank, size, schedule_name, per_edge):
     from torch.distributed import pipelining
 
     full = mlp(depth=size + 1)  # size + 1 Linear layers; stage r holds layers 2r (and 2r+1)
@@ -253,6 +272,11 @@ def test_pipeline_parallel_matches_single_process(torch_world, rank, size, sched
         else:
             schedule.step()
         opt.step()
+    if per_edge:  # each neighbour reached through a two-rank group of its own
+        edges = stage._p2p_edge_groups
+        assert edges and all(dist.get_world_size(g) == 2 for g in edges.values()), edges
+        assert {frozenset(dist.get_process_group_ranks(g)) for g in edges.values()} == {
+            frozenset((rank, peer)) for peer in (rank - 1, rank + 1) if 0 <= peer < size}
     expected = reference(size, model=mlp(depth=size + 1))
     assert_same(stage_module.named_parameters(),
                 {k: v for k, v in expected.items() if k.split(".")[0] in names},

@@ -1,4 +1,4 @@
-"""What torch's own tools see of an hpccomm group, on torch 2.13 and 2.14.
+"""What torch's own tools see of an hpccomm group, on torch 2.13, 2.14 and 2.15.
 
 torch's code asks a group for the backend of a device (batched point-to-point calls,
 object collectives, ``get_backend_impl``), records every operation in its profiler as
@@ -47,7 +47,7 @@ def test_group_reports_its_cpu_backend(world):
     assert isinstance(backend, hpccomm_torch.BackendHPC)
     assert backend.name() == world and pg.name() == world
     assert backend.rank() == dist.get_rank() and backend.size() == dist.get_world_size()
-    assert backend.supports_coalescing is False and backend.supports_splitting is False
+    assert backend.supports_coalescing is False and backend.supports_splitting is True
     assert pg._device_types == [CPU]
     if versions.python_backends():  # torch itself holds it: C++ callers find it too
         assert isinstance(backend, torch._C._distributed_c10d.Backend)
@@ -208,3 +208,85 @@ def test_error_state_starts_clean_and_abort_hooks_register(world):
     assert backend.get_error() == torch._C._distributed_c10d.ErrorType.SUCCESS
     group().register_abort_hook(5, lambda: None)
     group().unregister_abort_hook(5)
+
+
+@needs_214
+def test_hooks_name_each_operation_as_torch_names_gloos(world):
+    """The hook names of an hpccomm group's operations are those torch's own dispatch
+    gives a gloo group's same calls (torch 2.15 names the tensor-into-tensor and
+    coalesced forms apart: ALLGATHER_BASE, REDUCE_SCATTER_BASE, ALLTOALL_BASE...)."""
+    import torch.distributed._functional_collectives as funcol
+
+    size = dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    names = {}
+    for label, pg in (("hpccomm", group()), ("gloo", gloo)):
+        seen = names[label] = []
+        pg.register_pre_hook(3, (lambda seen: lambda args: seen.append(args.name))(seen))
+        x = torch.ones(4)
+        dist.all_reduce(x, group=pg)
+        dist.all_gather([torch.zeros(4) for _ in range(size)], x, group=pg)
+        dist.all_gather_into_tensor(torch.zeros(4 * size), x, group=pg)
+        dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * size), group=pg)
+        dist.all_to_all_single(torch.zeros(size), torch.ones(size), group=pg)
+        dist.all_reduce_coalesced([x, x.clone()], group=pg)
+        dist.broadcast(x, group_src=0, group=pg)
+        funcol.all_gather_tensor(x, 0, pg).wait()
+        funcol.all_reduce(x, "sum", pg).wait()
+        dist.barrier(group=pg)
+        pg.unregister_pre_hook(3)
+    assert names["hpccomm"] == names["gloo"], names
+    dist.destroy_process_group(gloo)
+
+
+def test_what_the_backend_says_it_offers(world):
+    """torch 2.15 asks before estimating times and registering hooks: hpccomm estimates
+    no times (torch's estimator refuses), runs abort hooks, has no completion hooks."""
+    pg, backend = group(), group()._get_backend(CPU)
+    for owner in (pg, backend):
+        assert owner.supports_abort_hooks is True, owner
+        assert owner.supports_completion_hooks is False, owner
+    assert backend._supports_time_estimate is False
+    assert backend.supports_splitting is True
+    if hasattr(dist.distributed_c10d, "_time_estimator"):
+        with pytest.raises(NotImplementedError, match="time estimator is not supported"):
+            with dist.distributed_c10d._time_estimator():
+                pass
+
+
+@pytest.mark.skipif(not hasattr(dist.Backend, "_ensure_backend_registered"),
+                    reason=f"torch 2.14 feature (this is torch {torch.__version__})")
+def test_the_cuda_half_is_what_torch_makes_for_its_name(world, monkeypatch):
+    """torch 2.15 makes "nccl" ProcessGroupNCCL2 (ProcessGroupNCCL with
+    TORCH_DIST_USE_NCCL2=0 or "nccl-legacy"), torch 2.14 ProcessGroupNCCL, each through
+    the creator registered for the name: the CUDA backend of a group made as
+    "cpu:hpccomm,cuda:<name>" is what torch's own creator for that name makes, with the
+    group's name, ranks and timeout (a registered stand-in here: this machine may have no
+    GPU)."""
+    from hpccomm.torch.process_group import cuda_creator
+
+    # torch's creator for "nccl" (2.15: _create_nccl2_process_group), whichever it is
+    assert cuda_creator("nccl").function is dist.Backend._plugins["NCCL"].creator_fn
+    made = []
+
+    class StandIn(torch._C._distributed_c10d.Backend):
+        pass
+
+    def create(options, backend_options):
+        made.append((options.group_id, list(options.global_ranks_in_group),
+                     options.timeout, options.group_rank, options.group_size))
+        return StandIn(options.group_rank, options.group_size)
+    if "STANDIN" not in dist.Backend._plugins:
+        dist.Backend.register_backend("standin", create, extended_api=True,
+                                      devices=["cuda"])
+    else:
+        monkeypatch.setitem(dist.Backend._plugins, "STANDIN",
+                            dist.Backend._plugins["STANDIN"]._replace(creator_fn=create))
+    size = dist.get_world_size()
+    pg = dist.new_group(list(range(size)), backend=f"cpu:{world},cuda:standin",
+                        timeout=TIMEOUT)
+    backend = pg._get_backend(torch.device("cuda"))
+    assert isinstance(backend, StandIn) and pg._get_backend(torch.device("cuda")) is backend
+    assert made == [(pg.group_name, list(range(size)), TIMEOUT, dist.get_rank(), size)]
+    assert {d.type for d in pg._device_types} == {"cpu", "cuda"}
+    dist.destroy_process_group(pg)

@@ -60,7 +60,7 @@ def python_section() -> Section:
 
 def _torch_version() -> str:
     """torch's version, and whether hpccomm's PyTorch backend is tested on it."""
-    from .._version import TESTED_TORCH, torch_tested
+    from .._version import tested_torch_text, torch_tested
 
     version = _dist_version("torch")
     if version == "not installed":
@@ -68,7 +68,7 @@ def _torch_version() -> str:
     if torch_tested(version):
         return f"{version} (hpccomm.torch is tested on it)"
     return (f"{version} (untested: hpccomm.torch is tested on torch "
-            f"{' and '.join(TESTED_TORCH)})")
+            f"{tested_torch_text()})")
 
 
 def _cuda_aware(mpi: Any) -> str:

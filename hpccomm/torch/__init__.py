@@ -31,7 +31,7 @@ import importlib
 
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module
 
-from . import versions
+from . import flight_recorder, versions
 from .backend import BackendHPC
 from .bootstrap import create_group, mpi_rendezvous
 from .errors import DistBackendError, DistTimeoutError, ProcessFailedError
@@ -73,6 +73,7 @@ def register() -> None:
     if "mpi" not in _rendezvous._rendezvous_handlers:
         _rendezvous.register_rendezvous_handler("mpi", mpi_rendezvous)
     mpi_backend.install()
+    flight_recorder.install([BACKEND, "mpi"] if mpi_backend.installed() else [BACKEND])
 
 
 register()

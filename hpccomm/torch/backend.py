@@ -10,15 +10,17 @@ with torch on the group, so C++ code reaches it as well; on torch 2.13, which ca
 make a c10d backend of a Python class, it is a Python object with the same methods,
 returned by the group's own ``_get_backend``.
 
-What it does not offer it says so (``supports_*`` false) and torch takes its general
-paths: batched point-to-point calls go one by one (each is nonblocking over MPI anyway),
-``split_group`` (which torch 2.14 offers only to groups bound to an accelerator) and
-``shrink`` refuse, and no one-sided windows (torch 2.14 defines its ``Window`` in C++
-only, with no constructor a Python backend could call). hpccomm's own
-``shrink_group`` (:mod:`hpccomm.torch.fault`) goes on after a failure.
+It splits (``supports_splitting``): torch 2.15's ``split_group`` works on CPU, through
+the group's own ``split_group`` (one ``MPI_Comm_split``). What it does not offer it says
+so (``supports_*`` false) and torch takes its general paths: batched point-to-point
+calls go one by one (each is nonblocking over MPI anyway), ``shrink`` refuses, and no
+one-sided windows (torch defines its ``Window`` in C++ only, with no constructor a Python
+backend could call). hpccomm's own ``shrink_group`` (:mod:`hpccomm.torch.fault`) goes on
+after a failure.
 """
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import torch
@@ -33,18 +35,27 @@ from .hooks import GroupState
 from .operations import TensorOperations
 
 _BASE: Any = torch._C._distributed_c10d.Backend if versions.python_backends() else object
+#: The timeout of a group that has none, as torch spells it.
+_NO_TIMEOUT = getattr(torch._C._distributed_c10d, "_DEFAULT_NO_TIMEOUT",
+                      datetime.timedelta(days=365))
 
 
 class BackendHPC(TensorOperations, _BASE):  # type: ignore[misc, valid-type]
     """The CPU backend of one hpccomm torch group (shares its hpccomm group and state)."""
 
-    # What torch asks before taking a special path; all of them take the general one.
+    # What torch asks before taking a special path. Splitting: the group splits its MPI
+    # communicator (ProcessGroupHPC.split_group); the rest take torch's general paths.
     supports_coalescing = False
-    supports_splitting = False
+    supports_splitting = True
     supports_shrinking = False
-    supports_time_estimate = False
+    supports_time_estimate = False   # torch 2.14's name
+    _supports_time_estimate = False  # torch 2.15's
     supports_reconfigure = True  # the group's own, hpccomm/torch/reconfigure.py
     supports_window = False
+    # torch 2.15 asks before registering hooks: abort hooks run at the group's first
+    # failure (torch 2.14 and later); completion hooks are not offered.
+    supports_abort_hooks = True
+    supports_completion_hooks = False
 
     def __init__(self, host: Any, state: GroupState, direct: Any):
         if _BASE is not object:
@@ -112,3 +123,25 @@ class BackendHPC(TensorOperations, _BASE):  # type: ignore[misc, valid-type]
 
     def shutdown(self) -> None:
         """The group frees the communicator; nothing of the backend's own to free."""
+
+    # -- splitting (torch 2.15 on CPU) -----------------------------------------------------
+    @property
+    def options(self) -> Any:
+        """torch's ``Backend.Options`` of this backend (its name and the group's timeout:
+        pipelining's per-edge groups keep the parent's timeout through it)."""
+        seconds = self._host.timeout
+        options = torch._C._distributed_c10d.Backend.Options(
+            self._state.backend_name,
+            datetime.timedelta(seconds=seconds) if seconds is not None else _NO_TIMEOUT)
+        options.global_ranks_in_group = list(self._host.ranks)
+        options.group_name = self._host.group_name
+        return options
+
+    def eager_connect_single_device(self, device: Any) -> None:
+        """Nothing to connect: the group's communicator exists from its creation (torch
+        2.15 asks a splitting backend bound to a device, ``device_id="cpu:0"``)."""
+
+    def perform_nocolor_split(self, device: Any) -> None:
+        """torch's ``new_group`` asks the ranks outside a new group to take part in the
+        split of a device-bound default group's backend; hpccomm makes new groups from
+        their members alone, so there is nothing to take part in."""

@@ -33,10 +33,9 @@ from ..group import ProcessGroup as HostGroup, mpi_backend
 from ..types import default_pg_timeout
 from . import progress as _progress
 from . import reconfigure
-from .process_group import ProcessGroupHPC
+from .process_group import CPU_ONLY, ProcessGroupHPC
 from .store import MPITorchStore
 
-_CPU_ONLY = {"cpu": "mpi"}
 
 
 def job_world() -> Any:
@@ -205,9 +204,9 @@ def _world_group(rank: int, size: int, seconds: float, name: str) -> HostGroup:
     try:
         cores = _init.poll_policy(base)  # how waits yield when ranks outnumber cores
         control = HostGroup(mpi_backend().dup(base), name="hpccomm-torch-control",
-                            world_ranks=range(size), timeout=seconds, backends=_CPU_ONLY)
+                            world_ranks=range(size), timeout=seconds, backends=CPU_ONLY)
         host = HostGroup(mpi_backend().dup(base), name=name, world_ranks=range(size),
-                         timeout=seconds, backends=_CPU_ONLY)
+                         timeout=seconds, backends=CPU_ONLY)
     finally:
         mpi_backend().free(renumbered)
     _forget_world()
@@ -250,7 +249,7 @@ def _subgroup(ranks: List[int], group_rank: int, seconds: float, name: str) -> H
                        f"new_group(ranks={ranks})")
     tag = (hash(tuple(ranks)) & 0x3FFF) + 1
     comm = mpi_backend().create_subcomm(control.comm, ranks, tag)
-    host = HostGroup(comm, name=name, world_ranks=ranks, timeout=seconds, backends=_CPU_ONLY)
+    host = HostGroup(comm, name=name, world_ranks=ranks, timeout=seconds, backends=CPU_ONLY)
     if host.rank() != group_rank:  # torch and MPI number members alike (sorted order)
         host.shutdown()
         raise DistValueError(f"backend 'hpccomm': group {name} has this process at rank "
@@ -276,6 +275,6 @@ def _control_for_subgroups(seconds: float) -> HostGroup:
     # made by the members of this subgroup only: no channel of its own (its meetings go
     # on MPI_COMM_WORLD itself, on hpccomm's reserved tags)
     _state.control = HostGroup(world, name="MPI_COMM_WORLD", world_ranks=range(world.Get_size()),
-                               timeout=seconds, backends=_CPU_ONLY, own_channel=False)
+                               timeout=seconds, backends=CPU_ONLY, own_channel=False)
     return _state.control
 

@@ -16,27 +16,52 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch._C._distributed_c10d as _c10d
 
 from .. import errors
+from . import flight_recorder
 
 logger = logging.getLogger("hpccomm")
 
 _NAMES = getattr(_c10d, "HookOpName", None)
 
-#: torch's hook name of each of hpccomm's operations.
-HOOK_OPS: Dict[str, str] = {
-    "all_reduce": "ALLREDUCE", "all_reduce_coalesced": "ALLREDUCE",
-    "broadcast": "BROADCAST", "reduce": "REDUCE",
-    "all_gather": "ALLGATHER", "all_gather_coalesced": "ALLGATHER",
-    "all_gather_into_tensor": "ALLGATHER", "all_gather_into_tensor_coalesced": "ALLGATHER",
-    "gather": "GATHER", "gather_single": "GATHER", "scatter": "SCATTER",
-    "reduce_scatter": "REDUCE_SCATTER", "reduce_scatter_tensor": "REDUCE_SCATTER",
-    "reduce_scatter_tensor_coalesced": "REDUCE_SCATTER",
-    "all_to_all": "ALLTOALL", "all_to_all_single": "ALLTOALL",
-    "barrier": "BARRIER", "send": "SEND", "recv": "RECV", "recv_anysource": "RECV"}
+#: torch's hook name of each of hpccomm's operations: the name torch's own dispatch gives
+#: it, then the name of an older torch that lacks that one (torch 2.15 names the
+#: tensor-into-tensor and coalesced forms apart: all_gather_into_tensor is ALLGATHER_BASE,
+#: which torch 2.14 reports as ALLGATHER).
+HOOK_OPS: Dict[str, Tuple[str, ...]] = {
+    "all_reduce": ("ALLREDUCE",), "all_reduce_coalesced": ("ALLREDUCE_COALESCED", "ALLREDUCE"),
+    "broadcast": ("BROADCAST",), "reduce": ("REDUCE",),
+    "all_gather": ("ALLGATHER",), "all_gather_coalesced": ("ALLGATHER_COALESCED", "ALLGATHER"),
+    "all_gather_into_tensor": ("ALLGATHER_BASE", "ALLGATHER"),
+    "all_gather_into_tensor_coalesced": ("ALLGATHER_INTO_TENSOR_COALESCED", "ALLGATHER"),
+    "gather": ("GATHER",), "gather_single": ("GATHER",), "scatter": ("SCATTER",),
+    "reduce_scatter": ("REDUCE_SCATTER",),
+    "reduce_scatter_tensor": ("REDUCE_SCATTER_BASE", "REDUCE_SCATTER"),
+    "reduce_scatter_tensor_coalesced": ("REDUCE_SCATTER_TENSOR_COALESCED", "REDUCE_SCATTER"),
+    "all_to_all": ("ALLTOALL",), "all_to_all_single": ("ALLTOALL_BASE", "ALLTOALL"),
+    "barrier": ("BARRIER",), "send": ("SEND",), "recv": ("RECV",), "recv_anysource": ("RECV",)}
+
+
+def _resolve(op: str) -> Any:
+    for name in HOOK_OPS.get(op, ()):
+        found = getattr(_NAMES, name, None)
+        if found is not None:
+            return found
+    return getattr(_NAMES, "UNKNOWN", None)
+
+
+_RESOLVED: Dict[str, Any] = {op: _resolve(op) for op in HOOK_OPS} if _NAMES is not None else {}
+
+
+def hook_name(op: str) -> Any:
+    """torch's ``HookOpName`` of operation ``op`` on this torch (``UNKNOWN`` if none;
+    ``None`` on a torch without hooks)."""
+    found = _RESOLVED.get(op)
+    return found if found is not None else getattr(_NAMES, "UNKNOWN", None)
+
 
 #: ``get_error()``'s answer after each kind of failure (torch's ``ErrorType`` names).
 SUCCESS, TIMEOUT, COMM_ERROR, REMOTE_ERROR = "SUCCESS", "TIMEOUT", "COMM_ERROR", "REMOTE_ERROR"
@@ -68,7 +93,7 @@ class Watch:
         op_id = next(self._ids)
         if self.pre:
             args = _c10d.PreHookArgs()
-            args.name = _hook_name(op)
+            args.name = hook_name(op)
             args.async_op = async_op
             args.input_tensors = list(inputs)
             args.output_tensors = list(outputs)
@@ -83,17 +108,13 @@ class Watch:
         if not self.post:
             return
         args = _c10d.PostHookArgs()
-        args.name = _hook_name(op)
+        args.name = hook_name(op)
         args.async_op = async_op
         args.op_id = op_id
         if work is not None:
             args.work = work
         for hook in list(self.post.values()):
             hook(args)
-
-
-def _hook_name(op: str) -> Any:
-    return getattr(_NAMES, HOOK_OPS.get(op, "UNKNOWN"))
 
 
 class GroupState:
@@ -111,6 +132,9 @@ class GroupState:
         #: failure is recorded: the progress thread and the caller's may report at once.
         self._aborted = False
         self._lock = threading.Lock()
+        #: The group's flight recorder trace (:mod:`.flight_recorder`), ``None`` while
+        #: torch's recorder is off (``TORCH_FR_BUFFER_SIZE=0``).
+        self.trace: Any = None
 
     # -- pre/post hooks -----------------------------------------------------------------
     def register(self, kind: str, hook_id: int, hook: Callable[[Any], None]) -> None:
@@ -138,12 +162,14 @@ class GroupState:
 
     def run_abort_hooks(self) -> None:
         """Run every abort hook, the first time only (a failure, or an abort); one that
-        raises is logged, the others still run. Called outside hpccomm's locks: the
+        raises is logged, the others still run. The flight recorder's dump is written first
+        (where torch's variable asks for one). Called outside hpccomm's locks: the
         hooks are the user's code."""
         with self._lock:
             if self._aborted:
                 return
             self._aborted = True
+        flight_recorder.dump_on_failure()
         hooks: List[Callable[[], None]] = list(self.abort_hooks.values())
         for hook in hooks:
             try:

@@ -27,6 +27,7 @@ same way.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -41,6 +42,7 @@ from ..types import MAX_USER_TAG, timeout_seconds
 from ..work import chain
 from . import _tensors
 from .errors import for_torch
+from .flight_recorder import FINISHED as _FINISHED
 from .profiling import Record, title
 from .work import DONE, PendingWork
 
@@ -52,6 +54,7 @@ _REDUCIBLE = _tensors.REDUCIBLE
 _launch = _call.launch
 _sum_in_place = _call.sum_in_place
 _TORCH_SUM = dist.ReduceOp.SUM
+_time_ns = time.time_ns
 
 
 def _output(t: torch.Tensor) -> Tuple[Any, Optional[Callable[[], None]]]:
@@ -168,6 +171,14 @@ def _operation(op: str, first: Callable[[tuple], Any], nccl: Optional[str] = Non
                 tensor = None
             if tensor is not None and not tensor.is_cpu:
                 return getattr(self._cuda(op, tensor), name)(*args, **kwargs)
+            trace = self._state.trace
+            if trace is not None:
+                try:
+                    shown = spec(args)
+                except (IndexError, TypeError, AttributeError):  # arguments by keyword, or
+                    shown = None  # missing: the method itself says what is wrong
+                if shown is not None:
+                    return self._traced(trace, op, shown_as, shown, method, args, kwargs)
             if _profiler._is_profiler_enabled or self._state.watch is not None:
                 return self._watched(op, shown_as, spec(args), method, args, kwargs)
             try:
@@ -176,6 +187,15 @@ def _operation(op: str, first: Callable[[tuple], Any], nccl: Optional[str] = Non
                 raise self._host.error(op, str(exc)) from None
         return run
     return decorate
+
+
+def _issued(entry: list, work: Any) -> None:
+    """The call recorded as ``entry`` returned ``work``: stamped complete now, or when
+    its Work completes."""
+    if isinstance(work, PendingWork):
+        work.trace(entry)
+    else:
+        entry[_FINISHED] = True
 
 
 def _combine(parts: Sequence[Any]) -> Any:
@@ -266,6 +286,28 @@ class TensorOperations:
             watch.after(op, async_op, op_id, work)
         return work
 
+    def _traced(self, trace: Any, op: str, event: str, shown: Shown,
+                method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``method`` (operation ``op``) recorded in the flight recorder: an entry when it
+        is issued, stamped when it completes; the call itself as :func:`_operation` runs
+        it. A call refused before anything was communicated leaves no entry."""
+        inputs, outputs, _, _ = shown
+        peer = args[1] if op in ("send", "recv") and event != "recv_anysource" else None
+        entry = trace.record(op, inputs, outputs, peer, op == "recv")
+        try:
+            if _profiler._is_profiler_enabled or self._state.watch is not None:
+                work = self._watched(op, event, shown, method, args, kwargs)
+            else:
+                try:
+                    work = method(self, *args, **kwargs)
+                except _tensors.Unsupported as exc:
+                    raise self._host.error(op, str(exc)) from None
+        except (ValueError, TypeError):  # a mistake in the call: no peer waits for it
+            trace.drop(entry)
+            raise
+        _issued(entry, work)
+        return work
+
     def _one(self, op: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         if len(tensors) != 1:
             raise self._host.error(op, f"expected a list of one tensor, got {len(tensors)} "
@@ -277,13 +319,17 @@ class TensorOperations:
         """The hottest call, inline for one contiguous CPU tensor while nothing watches
         (a blocking SUM in the MPI backend's direct form where it fits); anything else
         takes :meth:`_allreduce`."""
+        state = self._state
         if (opts is None or len(tensors) != 1 or _profiler._is_profiler_enabled
-                or self._state.watch is not None):
+                or state.watch is not None):
             return self._allreduce(tensors, opts)
         t = tensors[0]
         op = opts.reduceOp  # read once: each pybind11 read builds a copy
+        trace = state.trace
+        entry = None  # its flight recorder entry, made just before it starts
         if not opts.asyncOp:
-            direct = self._direct.get(t.dtype)
+            dtype = t.dtype
+            direct = self._direct.get(dtype)
             try:
                 fits = (direct is not None and t.is_cpu and t.is_contiguous()
                         and not t.is_neg() and op == _TORCH_SUM)
@@ -291,24 +337,39 @@ class TensorOperations:
                 fits = False
             if fits:
                 count = t.numel()
+                if trace is not None:  # trace.one("all_reduce", ...), inline: every ns counts
+                    trace.ops = n = trace.ops + 1
+                    entry = [n, "all_reduce", trace.p2p, t.shape, dtype, _time_ns(), None]
+                    trace.ring[n % trace.size] = entry
                 try:
                     if _sum_in_place(self._host, "all_reduce", t.data_ptr(), count,
                                      count * direct[1], direct[0], _timeout_of(opts), t,
                                      tensors):
+                        if entry is not None:
+                            entry[_FINISHED] = True
                         return DONE
                 except DistBackendError as exc:
-                    self._state.failed(exc)
+                    state.failed(exc)
                     raise for_torch(exc) from None
         try:  # a contiguous CPU tensor, viewed once (kept by _run)
             arr = _lasting_view(t) if t.is_contiguous() and t.dtype in _REDUCIBLE else None
         except (RuntimeError, TypeError):  # CUDA, an unviewable dtype: the general way
             arr = None
         if arr is None:
+            if entry is not None:  # the general way records it itself
+                trace.drop(entry)
             return self._allreduce(tensors, opts)
         comm, arr, kind, factor = _call.reduce_operand(self._host, "all_reduce", arr,
                                                        _reduce_op(op))
-        return self._run("all_reduce", comm.all_reduce, (arr, kind, factor), arr, opts,
+        if trace is None:
+            return self._run("all_reduce", comm.all_reduce, (arr, kind, factor), arr, opts,
+                             tensors)
+        if entry is None:
+            entry = trace.one("all_reduce", t.shape, t.dtype)
+        work = self._run("all_reduce", comm.all_reduce, (arr, kind, factor), arr, opts,
                          tensors)
+        _issued(entry, work)
+        return work
 
     @_operation("all_reduce", _first, "allreduce", _in_place)
     def _allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:

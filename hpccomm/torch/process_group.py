@@ -16,19 +16,25 @@ hooks (pre/post collective hooks, abort hooks) and ``set_timeout``.
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..group import ProcessGroup as HostGroup
-from . import _tensors, reconfigure, versions
+from .. import rendezvous as _meet
+from ..errors import DistBackendError, DistValueError
+from ..group import ProcessGroup as HostGroup, mpi_backend
+from ..types import timeout_seconds
+from . import _tensors, flight_recorder, reconfigure, versions
 from .backend import BackendHPC
+from .errors import for_torch
 from .hooks import GroupState
 from .operations import TensorOperations
 
 _CPU = torch.device("cpu")
 _CUDA = torch.device("cuda")
+#: The backend names a group of this class answers to (its CPU backend's).
+_OWN_NAMES = ("hpccomm", "mpi")
 
 
 class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
@@ -46,6 +52,7 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
         self._desc = host.group_desc
         self._cuda_backend: Any = None
         self._state = GroupState()
+        self._state.trace = flight_recorder.trace_for(host, self._state)
         #: torch dtype -> (MPI datatype, itemsize): what all_reduce's direct form takes.
         self._direct = _tensors.direct_types(host.cpu.direct_types)
         #: The CPU backend torch's code finds on this group.
@@ -132,20 +139,47 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
 
     def _nccl(self) -> Any:
         if self._cuda_backend is None:
-            options = dist.ProcessGroupNCCL.Options()
-            options.group_name = self._name
-            options.global_ranks_in_group = list(self._host.ranks)
-            if self._host.timeout is not None:
-                options._timeout = datetime.timedelta(seconds=self._host.timeout)
+            timeout = (datetime.timedelta(seconds=self._host.timeout)
+                       if self._host.timeout is not None else None)
             store = dist.PrefixStore("nccl/", self._store)
-            backend = dist.ProcessGroupNCCL(store, self.rank(), self.size(), options)
-            self._register_backend(_CUDA, dist.ProcessGroup.BackendType.NCCL, backend)
+            creator = cuda_creator(self._cuda_backend_name())
+            if creator is not None:  # what torch's own helper would make for the name
+                options = dist.distributed_c10d._DistributedBackendOptions()
+                options.store, options.group_id = store, self._name
+                options.group_rank, options.group_size = self.rank(), self.size()
+                options.global_ranks_in_group = list(self._host.ranks)
+                if timeout is not None:
+                    options.timeout = timeout
+                if self.bound_device_id is not None:  # else it picks the device itself
+                    options.process_group = self
+                backend, kind = creator(options, None), creator.kind
+            else:  # torch 2.13: "nccl" is ProcessGroupNCCL
+                options = dist.ProcessGroupNCCL.Options()
+                options.group_name = self._name
+                options.global_ranks_in_group = list(self._host.ranks)
+                if timeout is not None:
+                    options._timeout = timeout
+                backend = dist.ProcessGroupNCCL(store, self.rank(), self.size(), options)
+                kind = dist.ProcessGroup.BackendType.NCCL
+            self._register_backend(_CUDA, kind, backend)
             self._cuda_backend = backend
         return self._cuda_backend
 
     def _nccl_configured(self) -> bool:
+        return self._cuda_backend_name() is not None
+
+    def _cuda_backend_name(self) -> Optional[str]:
+        """The CUDA backend the group was created with (``"nccl"`` for
+        ``"cpu:hpccomm,cuda:nccl"``; torch 2.15 also has ``"nccl-legacy"``,
+        ``"nccl-lazy"``...), ``None`` for a CPU-only group."""
         config = dist.distributed_c10d._world.pg_backend_config.get(self, "")
-        return "cuda:nccl" in str(config)
+        for item in str(config).split(","):
+            device, _, name = item.partition(":")
+            name = name.strip()
+            # torch expands a bare "mpi" to "cpu:mpi,cuda:mpi": CUDA tensors are not ours
+            if device.strip() == "cuda" and name and name not in _OWN_NAMES:
+                return name
+        return None
 
     # -- settings and hooks ------------------------------------------------------------------
     def set_timeout(self, timeout: Any) -> None:
@@ -191,9 +225,41 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
         super().use_host(host)
         self._backend.use_host(host)
 
+    # torch 2.15 asks a group before registering hooks on it (its C++ reads the backend's
+    # answer, which a Python backend cannot give it; torch's Python code reads these).
+    supports_abort_hooks = BackendHPC.supports_abort_hooks
+    supports_completion_hooks = BackendHPC.supports_completion_hooks
+
+    # -- splitting ----------------------------------------------------------------------------
+    def split_group(self, ranks: Sequence[int], timeout: Any = None, opts: Any = None,
+                    group_name: Optional[str] = None, group_desc: Optional[str] = None,
+                    device_types: Any = None) -> Optional["ProcessGroupHPC"]:
+        """torch's ``split_group`` on this group (``dist.split_group``, which every rank of
+        the group calls): the group ranks ``ranks``, in that order, become a new group
+        through one ``MPI_Comm_split`` of this group's communicator, after every rank met
+        under the timeout (a rank that never comes is a timeout error naming it, not a
+        hang). A rank not in ``ranks`` (torch passes it the first split) takes part in the
+        split and gets ``None``."""
+        seconds = timeout_seconds(timeout) or self._host.timeout
+        name = group_name or f"{self._name}:split"
+        try:
+            host = split_host(self._host, [int(r) for r in ranks], seconds, name,
+                              group_desc or "undefined")
+        except DistBackendError as exc:  # a rank never came: torch's error class too
+            raise for_torch(exc) from None
+        if host is None:
+            return None
+        child = ProcessGroupHPC(dist.PrefixStore(f"{name}/", self._store), host)
+        child.backend_name = self.backend_name
+        return child
+
+    splitGroup = split_group  # the name C++ callers reach through torch's trampoline
+
     # -- life cycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Free the group's communicator (torch calls it from destroy_process_group)."""
+        """Free the group's communicator (torch calls it from destroy_process_group); the
+        flight recorder forgets the group (torch may give its name to a later group)."""
+        flight_recorder.forget(self._state.trace)
         if self._cuda_backend is not None:
             self._cuda_backend.shutdown()
         self._host.shutdown()
@@ -204,3 +270,62 @@ class ProcessGroupHPC(TensorOperations, dist.ProcessGroup):
         """Run the abort hooks, then abort the job (MPI offers no local abort of one
         communicator)."""
         self._backend.abort()
+
+
+#: What a torch group's hpccomm group serves: CPU arrays, over MPI.
+CPU_ONLY = {"cpu": "mpi"}
+
+
+def split_host(parent: HostGroup, ranks: List[int], seconds: Optional[float], name: str,
+               desc: str) -> Optional[HostGroup]:
+    """This rank's group of a split of ``parent``: ``ranks`` (group ranks of the parent,
+    in the new group's order) if this rank is among them, else ``None``; collective
+    over ``parent``."""
+    op = f"split_group({ranks})"
+    mine = parent.rank()
+    if len(set(ranks)) != len(ranks) or any(not 0 <= r < parent.size() for r in ranks):
+        raise parent.error(op, f"the split {ranks} must hold distinct ranks of the group "
+                               f"(0..{parent.size() - 1})")
+    _meet.meet_all(parent, op, seconds)
+    member = mine in ranks
+    # splits are disjoint, so the smallest rank names one; the position is the new rank
+    comm = mpi_backend().split(parent.comm, min(ranks) if member else None,
+                               ranks.index(mine) if member else 0)
+    if comm is None:
+        return None
+    if comm.Get_size() != len(ranks) or comm.Get_rank() != ranks.index(mine):
+        size = comm.Get_size()
+        mpi_backend().free(comm)
+        raise DistValueError(
+            f"hpccomm.{op} on rank {mine}/{parent.size()} of group '{parent.group_name}': "
+            f"{size} ranks joined this rank's split, not the {len(ranks)} listed: the "
+            f"ranks passed different or overlapping splits")
+    return HostGroup(comm, name=name, world_ranks=[parent.ranks[r] for r in ranks],
+                     timeout=seconds, backends=CPU_ONLY, desc=desc)
+
+
+class _Creator:
+    """torch's creator of a registered backend, with the backend type to register it as."""
+
+    def __init__(self, function: Callable[..., Any], kind: Any):
+        self.function, self.kind = function, kind
+
+    def __call__(self, options: Any, backend_options: Any) -> Any:
+        return self.function(options, backend_options)
+
+
+def cuda_creator(name: Optional[str]) -> Optional[_Creator]:
+    """torch's own creator for the CUDA backend ``name`` where torch registers its NCCL
+    backends by name (2.15: ``"nccl"`` is ``ProcessGroupNCCL2`` unless
+    ``TORCH_DIST_USE_NCCL2=0``, also ``"nccl-legacy"``, ``"nccl-lazy"``; 2.14:
+    ``ProcessGroupNCCL`` unless ``TORCH_DIST_USE_NCCL2=1``); ``None`` on a torch that
+    does not (2.13: ``"nccl"`` is ``ProcessGroupNCCL``)."""
+    ensure = getattr(dist.Backend, "_ensure_backend_registered", None)
+    if name is None or ensure is None:
+        return None
+    ensure(name)
+    plugin = dist.Backend._plugins.get(name.upper())
+    if plugin is None or not plugin.extended_api:
+        return None
+    kind = dist.Backend.backend_type_map.get(name, dist.ProcessGroup.BackendType.CUSTOM)
+    return _Creator(plugin.creator_fn, kind)

@@ -13,6 +13,8 @@ itself, not of its version number:
   those questions in Python.
 * :func:`collective_hooks`: torch 2.14's pre/post collective hooks
   (``ProcessGroup.register_pre_hook``...).
+* :func:`splits_on_cpu`: torch 2.15's ``split_group`` needs no accelerator, so the
+  backend's split serves CPU groups.
 """
 from __future__ import annotations
 
@@ -22,13 +24,13 @@ from typing import Optional
 
 import torch
 
-from .._version import TESTED_TORCH, torch_tested
+from .._version import TESTED_TORCH, tested_torch_text, torch_tested
 
 #: The torch releases (major.minor) the backend is tested on.
 TESTED = TESTED_TORCH
 
 #: What ``hpccomm[torch]`` installs: every tested release, no other.
-REQUIREMENT = "torch>=2.13,<2.15"
+REQUIREMENT = "torch>=2.13,<2.16"
 
 
 def tested(version: Optional[str] = None) -> bool:
@@ -41,7 +43,7 @@ def untested_note(version: Optional[str] = None) -> Optional[str]:
     if tested(version):
         return None
     text = torch.__version__ if version is None else version
-    return (f"hpccomm.torch is tested on torch {' and '.join(TESTED)}; this is torch "
+    return (f"hpccomm.torch is tested on torch {tested_torch_text()}; this is torch "
             f"{text}. It is used as it is: report what fails, or install a tested "
             f"release (pip install '{REQUIREMENT}')")
 
@@ -72,3 +74,12 @@ def python_backends() -> bool:
 def collective_hooks() -> bool:
     """Whether torch has pre/post collective hooks on process groups (2.14)."""
     return hasattr(torch._C._distributed_c10d, "PreHookArgs")
+
+
+@functools.lru_cache(maxsize=None)
+def splits_on_cpu() -> bool:
+    """Whether torch's ``split_group`` splits a group's CPU backend, with no accelerator
+    bound (2.15: it dropped the check ``_is_safe_to_split`` that required one)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    return hasattr(c10d, "split_group") and not hasattr(c10d, "_is_safe_to_split")

@@ -26,6 +26,7 @@ from torch.futures import Future
 from ..types import timeout_seconds
 from ..work import Work as _HWork
 from ..work import poll
+from . import flight_recorder as _fr
 from . import progress as _progress
 from .errors import for_torch
 
@@ -119,6 +120,8 @@ class PendingWork(dist.Work):
         self._on_error = on_error
         #: The operation's profiler event, ended when it finishes (:meth:`end_with`).
         self._record: Any = None
+        #: Its flight recorder entry, stamped when it completes (:meth:`trace`).
+        self._entry: Any = None
         self._lock = threading.Lock()  # held by the thread testing the MPI request
         self.done = False              # finished (completed or failed)
         self._shared = False           # the progress thread drives it too
@@ -197,6 +200,17 @@ class PendingWork(dist.Work):
                 return
         record.end()
 
+    def trace(self, entry: Any) -> None:
+        """Stamp ``entry`` (:mod:`.flight_recorder`) when the operation completes, on the
+        thread that completes it; at once if it has. A failed operation's stays as it
+        was: issued, never seen to finish."""
+        with self._lock:
+            if not self.done:
+                self._entry = entry
+                return
+        if self._work.exception() is None:
+            _fr.completed(entry)
+
     def _settle(self) -> None:
         """Once finished: end the profiler event and report a failure to the group,
         exactly once, then complete the future, if one was handed out. Every thread that
@@ -217,6 +231,9 @@ class PendingWork(dist.Work):
                     if record is not None:
                         self._record = None
                         record.end()
+                    entry = self._entry
+                    if entry is not None and self._work.exception() is None:
+                        _fr.completed(entry)
                     if self._on_error is not None:
                         error = self._work.exception()
                         if error is not None:

@@ -201,8 +201,52 @@ def debug_detail():
         say(rank, f"backend={name}", "ok=1")
 
 
+def flight_recorder_hang():
+    """Rank 1 skips the second all_reduce of a group; rank 0's times out (2 s) and, with
+    TORCH_FR_DUMP_TEMP_FILE set, writes its flight recorder dump then; rank 1 writes its
+    own on demand."""
+    from hpccomm.torch import flight_recorder
+
+    dist.init_process_group("hpccomm", init_method="mpi://", timeout=TIMEOUT)
+    rank = dist.get_rank()
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+    x = torch.ones(2)
+    dist.all_reduce(x, group=group)
+    if rank == 0:
+        try:
+            dist.all_reduce(x, group=group)
+            say(rank, "no error")
+        except Exception as exc:
+            say(rank, one_line(exc))
+    else:
+        flight_recorder.dump_file()
+        say(rank, "ok=1")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def mesh_abort():
+    """DeviceMesh.abort() (torch 2.15) on rank 0 runs the groups' abort hooks, then ends
+    the job (MPI cannot abort one communicator); rank 1 waits in a barrier meanwhile."""
+    dist.init_process_group("hpccomm", init_method="mpi://", timeout=TIMEOUT)
+    rank = dist.get_rank()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    dist.all_reduce(torch.ones(1), group=mesh.get_group())
+    if hasattr(dist.ProcessGroup, "register_abort_hook"):
+        mesh.get_group().register_abort_hook(1, lambda: say(rank, "abort_hook=1"))
+    if rank == 0:
+        say(rank, "aborting=1")
+        mesh.abort()
+        say(rank, "still running after abort()")
+    else:
+        dist.barrier()
+
+
 CASES = {f.__name__: f for f in (timeouts, env_init, mixed_backend, reinit,
-                                  wrong_world_size, thread_serialized, debug_detail)}
+                                  wrong_world_size, thread_serialized, debug_detail,
+                                  flight_recorder_hang, mesh_abort)}
 
 if __name__ == "__main__":
     CASES[sys.argv[1]]()
