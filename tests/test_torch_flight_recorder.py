@@ -14,8 +14,11 @@ import re
 import subprocess
 import sys
 
+import shlex
+
 import pytest
 
+import doc_recipes
 from torch_cases import TIMEOUT, dist, torch
 from torch_cases import rank, size  # noqa: F401 (fixtures)
 
@@ -46,11 +49,26 @@ def recorded(backend, group=None):
     return data, [e for e in data["entries"] if name is None or e["process_group"][0] == name]
 
 
+#: The recipe docs/torch.md shows: the dumps' variable on the job's command, then
+#: torch's analyzer over their folder; the tests run both as shown there.
+PAGE = "docs/torch.md"
+DUMP, ANALYZER = [shlex.split(command) for command in doc_recipes.page_commands(PAGE)
+                  if "TORCH_FR_DUMP_TEMP_FILE=" in command or "flight_recorder.fr_trace" in command]
+
+
+def test_the_page_shows_the_dump_and_the_analyzer_run_here():
+    variable, _, dumps = DUMP[0].partition("=")
+    assert variable == "TORCH_FR_DUMP_TEMP_FILE" and DUMP[1:3] == ["mpiexec", "-n"], DUMP
+    folder, prefix = os.path.split(dumps)
+    assert ANALYZER == ["python", "-m", "torch.distributed.flight_recorder.fr_trace", folder,
+                        "-p", prefix], ANALYZER
+
+
 def analyze(directory, prefix="rank_"):
-    """torch's analyzer on the dump files in ``directory``: its output."""
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
-                           str(directory), "-p", prefix], capture_output=True, text=True,
-                          timeout=120)
+    """torch's analyzer, as the page runs it, on the dump files in ``directory``: its
+    output."""
+    argv = [sys.executable] + ANALYZER[1:3] + [str(directory), "-p", prefix]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     return done.stdout + done.stderr
 
 
