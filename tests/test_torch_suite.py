@@ -16,8 +16,8 @@ and these tests read what each rank reported:
 
 Each test of the suite runs under a time limit (a hang fails it and names it); the whole
 job has one too. Serial: each job starts its own ranks. Runs once per torch release the
-CI installs (torch 2.13 in ``.venv``, 2.14 in ``.venv-torch214``, 2.15 in
-``.venv-torch215``).
+CI installs (torch 2.13 in ``.venv`` under MPICH, 2.14 in ``.venv-openmpi`` under Open
+MPI, 2.15 in ``.venv-torch215`` under MPICH).
 """
 import collections
 import json
