@@ -20,7 +20,7 @@ import pytest
 
 import doc_recipes
 from torch_cases import TIMEOUT, dist, torch
-from torch_cases import rank, size  # noqa: F401 (fixtures)
+from torch_cases import rank, size, torch_world  # noqa: F401 (fixtures)
 
 from hpccomm.torch import flight_recorder
 from helpers import SCRIPTS, result_lines, run_job
@@ -28,16 +28,6 @@ from helpers import SCRIPTS, result_lines, run_job
 C10D = torch._C._distributed_c10d
 #: torch 2.15: its dump functions name the backend whose recorder to read.
 PER_BACKEND = hasattr(C10D, "_dump_fr_trace_file")
-
-
-@pytest.fixture(scope="module", params=["hpccomm", "mpi"])
-def torch_world(request):
-    if request.param == "mpi":
-        dist.init_process_group("mpi", timeout=TIMEOUT)
-    else:
-        dist.init_process_group("hpccomm", init_method="mpi://", timeout=TIMEOUT)
-    yield request.param
-    dist.destroy_process_group()
 
 
 def recorded(backend, group=None):

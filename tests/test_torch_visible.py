@@ -13,6 +13,7 @@ import datetime
 import pytest
 
 from torch_cases import TIMEOUT, assert_close, dist, torch
+from torch_cases import torch_world  # noqa: F401 (fixture)
 
 import hpccomm.torch as hpccomm_torch  # after torch_cases: it skips the module without torch
 from hpccomm.torch import versions
@@ -25,27 +26,16 @@ needs_214 = pytest.mark.skipif(not versions.collective_hooks(),
                                       f"{torch.__version__})")
 
 
-@pytest.fixture(scope="module", params=["hpccomm", "mpi"])
-def world(request):
-    """torch's default group on each name of the backend."""
-    if request.param == "mpi":
-        dist.init_process_group("mpi", timeout=TIMEOUT)
-    else:
-        dist.init_process_group("hpccomm", init_method="mpi://", timeout=TIMEOUT)
-    yield request.param
-    dist.destroy_process_group()
-
-
 def group():
     return dist.distributed_c10d._get_default_group()
 
 
 # -- the backend of a device --------------------------------------------------------------------
-def test_group_reports_its_cpu_backend(world):
+def test_group_reports_its_cpu_backend(torch_world):
     pg = group()
     backend = pg._get_backend(CPU)
     assert isinstance(backend, hpccomm_torch.BackendHPC)
-    assert backend.name() == world and pg.name() == world
+    assert backend.name() == torch_world and pg.name() == torch_world
     assert backend.rank() == dist.get_rank() and backend.size() == dist.get_world_size()
     assert backend.supports_coalescing is False and backend.supports_splitting is True
     assert pg._device_types == [CPU]
@@ -57,7 +47,7 @@ def test_group_reports_its_cpu_backend(world):
         pg._get_backend(torch.device("cuda"))
 
 
-def test_the_backend_runs_operations_itself(world):
+def test_the_backend_runs_operations_itself(torch_world):
     """What torch's code may call on the backend it got runs like the group's own."""
     rank, size = dist.get_rank(), dist.get_world_size()
     backend = group()._get_backend(CPU)
@@ -69,7 +59,7 @@ def test_the_backend_runs_operations_itself(world):
     assert_close(out, torch.arange(size).repeat_interleave(2).float())
 
 
-def test_batched_p2p_and_object_p2p(world):
+def test_batched_p2p_and_object_p2p(torch_world):
     rank, size = dist.get_rank(), dist.get_world_size()
     send, recv = torch.full((4,), float(rank)), torch.zeros(4)
     ops = [dist.P2POp(dist.isend, send, (rank + 1) % size),
@@ -79,14 +69,14 @@ def test_batched_p2p_and_object_p2p(world):
     assert_close(recv, torch.full((4,), float((rank - 1) % size)))
     objects = [None]
     if rank == 0:
-        dist.send_object_list([{"from": 0, "world": world}], dst=1)
+        dist.send_object_list([{"from": 0, "world": torch_world}], dst=1)
     elif rank == 1:
         dist.recv_object_list(objects, src=0)
-        assert objects == [{"from": 0, "world": world}]
+        assert objects == [{"from": 0, "world": torch_world}]
 
 
 @needs_214
-def test_gather_single_and_set_timeout(world):
+def test_gather_single_and_set_timeout(torch_world):
     rank, size = dist.get_rank(), dist.get_world_size()
     x = torch.full((2,), float(rank))
     out = torch.zeros(size * 2) if rank == size - 1 else None
@@ -107,7 +97,7 @@ def events(prof, backend):
 
 
 @pytest.mark.parametrize("make", ["torch.profiler", "autograd"])
-def test_every_operation_is_one_async_profiler_event(world, make):
+def test_every_operation_is_one_async_profiler_event(torch_world, make):
     rank, size = dist.get_rank(), dist.get_world_size()
     x = torch.ones(3, 2)
     profiler = (torch.profiler.profile() if make == "torch.profiler"
@@ -124,13 +114,13 @@ def test_every_operation_is_one_async_profiler_event(world, make):
                 dist.send(x, peer)
             else:
                 dist.recv(x, peer)
-    found = events(prof, world)
+    found = events(prof, torch_world)
     names = [e.name for e in found]
-    assert names.count(f"{world}:all_reduce") == 2, names
+    assert names.count(f"{torch_world}:all_reduce") == 2, names
     for name in ("broadcast", "all_gather_into_tensor", "barrier"):
-        assert names.count(f"{world}:{name}") == 1, names
+        assert names.count(f"{torch_world}:{name}") == 1, names
     if rank ^ 1 < size:
-        assert names.count(f"{world}:{'send' if rank % 2 == 0 else 'recv'}") == 1, names
+        assert names.count(f"{torch_world}:{'send' if rank % 2 == 0 else 'recv'}") == 1, names
     for event in found:
         assert event.is_async, event
         if make == "autograd" and event.name.endswith(("all_reduce", "broadcast", "send",
@@ -138,7 +128,7 @@ def test_every_operation_is_one_async_profiler_event(world, make):
             assert event.input_shapes == [[3, 2]], (event.name, event.input_shapes)
 
 
-def test_an_async_event_has_ended_when_wait_returns(world, monkeypatch):
+def test_an_async_event_has_ended_when_wait_returns(torch_world, monkeypatch):
     """The progress thread may complete an asynchronous operation, and end its event,
     while the caller's wait() runs: wait() returns only once the event has ended (else
     a caller leaving its profiler at once loses the event, on that rank only). Made
@@ -166,7 +156,7 @@ def test_an_async_event_has_ended_when_wait_returns(world, monkeypatch):
     dist.barrier()
 
 
-def test_nothing_is_recorded_without_a_profiler(world, monkeypatch):
+def test_nothing_is_recorded_without_a_profiler(torch_world, monkeypatch):
     from hpccomm.torch import profiling
 
     def refuse(*args):
@@ -180,7 +170,7 @@ def test_nothing_is_recorded_without_a_profiler(world, monkeypatch):
 
 # -- hooks (torch 2.14) ---------------------------------------------------------------------------
 @needs_214
-def test_pre_and_post_hooks_fire_around_each_operation(world):
+def test_pre_and_post_hooks_fire_around_each_operation(torch_world):
     pg, seen = group(), []
     hook_op = torch._C._distributed_c10d.HookOpName
     pg.register_pre_hook(1, lambda args: seen.append(("pre", args.name, args.op_id,
@@ -203,7 +193,7 @@ def test_pre_and_post_hooks_fire_around_each_operation(world):
 
 
 @needs_214
-def test_error_state_starts_clean_and_abort_hooks_register(world):
+def test_error_state_starts_clean_and_abort_hooks_register(torch_world):
     backend = group()._get_backend(CPU)
     assert backend.get_error() == torch._C._distributed_c10d.ErrorType.SUCCESS
     group().register_abort_hook(5, lambda: None)
@@ -211,7 +201,7 @@ def test_error_state_starts_clean_and_abort_hooks_register(world):
 
 
 @needs_214
-def test_hooks_name_each_operation_as_torch_names_gloos(world):
+def test_hooks_name_each_operation_as_torch_names_gloos(torch_world):
     """The hook names of an hpccomm group's operations are those torch's own dispatch
     gives a gloo group's same calls (torch 2.15 names the tensor-into-tensor and
     coalesced forms apart: ALLGATHER_BASE, REDUCE_SCATTER_BASE, ALLTOALL_BASE...)."""
@@ -239,7 +229,7 @@ def test_hooks_name_each_operation_as_torch_names_gloos(world):
     dist.destroy_process_group(gloo)
 
 
-def test_what_the_backend_says_it_offers(world):
+def test_what_the_backend_says_it_offers(torch_world):
     """torch 2.15 asks before estimating times and registering hooks: hpccomm estimates
     no times (torch's estimator refuses), runs abort hooks, has no completion hooks."""
     pg, backend = group(), group()._get_backend(CPU)
@@ -256,7 +246,7 @@ def test_what_the_backend_says_it_offers(world):
 
 @pytest.mark.skipif(not hasattr(dist.Backend, "_ensure_backend_registered"),
                     reason=f"torch 2.14 feature (this is torch {torch.__version__})")
-def test_the_cuda_half_is_what_torch_makes_for_its_name(world, monkeypatch):
+def test_the_cuda_half_is_what_torch_makes_for_its_name(torch_world, monkeypatch):
     """torch 2.15 makes "nccl" ProcessGroupNCCL2 (ProcessGroupNCCL with
     TORCH_DIST_USE_NCCL2=0 or "nccl-legacy"), torch 2.14 ProcessGroupNCCL, each through
     the creator registered for the name: the CUDA backend of a group made as
@@ -283,7 +273,7 @@ def test_the_cuda_half_is_what_torch_makes_for_its_name(world, monkeypatch):
         monkeypatch.setitem(dist.Backend._plugins, "STANDIN",
                             dist.Backend._plugins["STANDIN"]._replace(creator_fn=create))
     size = dist.get_world_size()
-    pg = dist.new_group(list(range(size)), backend=f"cpu:{world},cuda:standin",
+    pg = dist.new_group(list(range(size)), backend=f"cpu:{torch_world},cuda:standin",
                         timeout=TIMEOUT)
     backend = pg._get_backend(torch.device("cuda"))
     assert isinstance(backend, StandIn) and pg._get_backend(torch.device("cuda")) is backend

@@ -1,6 +1,7 @@
 """What the torch backend's test modules share: torch itself (a module that imports this
 one is skipped, saying why, where torch or ``hpccomm.torch`` is missing), the timeout of
-the groups they make, the ``rank`` and ``size`` of torch's default group, and
+the groups they make, torch's default group on each name of the backend
+(``torch_world``) with its ``rank`` and ``size``, and
 :func:`assert_close`.
 """
 import datetime
@@ -16,6 +17,18 @@ pytest.importorskip("hpccomm.torch")
 #: The timeout of the torch groups the tests make (``HPCCOMM_TEST_TIMEOUT``, as the
 #: suite's own default group).
 TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("HPCCOMM_TEST_TIMEOUT", "60")))
+
+
+@pytest.fixture(scope="module", params=["hpccomm", "mpi"])
+def torch_world(request):
+    """torch's default group on each name of the backend (``"hpccomm"`` through
+    ``mpi://``, and torch's own ``"mpi"``), for a module's tests; the name."""
+    if request.param == "mpi":
+        dist.init_process_group("mpi", timeout=TIMEOUT)
+    else:
+        dist.init_process_group("hpccomm", init_method="mpi://", timeout=TIMEOUT)
+    yield request.param
+    dist.destroy_process_group()
 
 
 @pytest.fixture
