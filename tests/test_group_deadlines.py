@@ -67,7 +67,9 @@ def test_ranks_that_come_to_make_different_groups_all_get_a_desync_error(case, o
     assert sorted(found) == [0, 1, 2], job.output
     for rank, fields in found.items():
         assert fields["type"] == "DistDesyncError", (rank, job.output)
-        assert float(fields["elapsed"]) < 2.0, (rank, fields)  # found at once
+        # found by the meeting, not by a timeout (that would be a DistTimeoutError); the
+        # bound is every creation's: the timeout and the meeting's grace, on a busy machine too
+        assert float(fields["elapsed"]) < 2.0 + GRACE_S, (rank, fields)
         error = fields["error"]
         for needle in (f"on rank {rank}/3 of group 'WORLD'",
                        "global ranks 0 and 1 came for new_group(ranks=[0, 1, 2])",

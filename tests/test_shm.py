@@ -434,7 +434,7 @@ def test_sizes_a_mebibyte_apart_are_told_apart(dist, members, rank):
     with environment(HPCCOMM_SHM="1", HPCCOMM_SHM_MIN_BYTES=1):
         group = dist.new_group(members, timeout=10)
     try:
-        x = np.ones((2 if rank == members[1] else 1) << 17)  # float64: 1 or 2 MiB
+        x = np.ones((2 if rank == 1 else 1) << 17)  # float64: 1 or 2 MiB (rank: on the node)
         with pytest.raises(dist.DistDesyncError, match="ranks called different"):
             dist.all_reduce(x, group=group)
     finally:
