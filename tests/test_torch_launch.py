@@ -111,7 +111,13 @@ def test_every_kind_of_wait_times_out_naming_the_operation():
     for case, fields in found.items():
         assert "error" in fields, f"{case} did not fail: {output}"
         assert float(fields["elapsed"]) < 4.0, fields  # the 1 s / 0.5 s limits, not 60 s
-        assert fields["backend_error"] == "True", fields  # torch's DistBackendError too
+        if case == "future_wait":  # failed in C++ too (DDP's reducer reads it there), so
+            # Python's wait() raises what torch's Future.then makes of any error: a
+            # RuntimeError with the DistBackendError's class name and words
+            assert fields["type"] == "RuntimeError", fields
+            assert "DistTimeoutError" in fields["error"] or "DistBackendError" in fields["error"]
+        else:
+            assert fields["backend_error"] == "True", fields  # torch's DistBackendError too
         if "aborted" in fields:  # torch 2.14: abort hooks ran once, get_error() says why
             assert fields["aborted"] == "1" and fields["state"] == "TIMEOUT", fields
     assert found["sync_all_reduce"]["type"] == "DistTimeoutError"

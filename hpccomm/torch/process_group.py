@@ -286,7 +286,9 @@ def split_host(parent: HostGroup, ranks: List[int], seconds: Optional[float], na
     if len(set(ranks)) != len(ranks) or any(not 0 <= r < parent.size() for r in ranks):
         raise parent.error(op, f"the split {ranks} must hold distinct ranks of the group "
                                f"(0..{parent.size() - 1})")
-    _meet.meet_all(parent, op, seconds)
+    # torch hands each rank only its own split, so what the ranks can agree on is the
+    # constructor and the parent (differing splits are found after MPI_Comm_split, below)
+    _meet.meet_all(parent, op, seconds, f"split_group of group '{parent.group_name}'")
     member = mine in ranks
     # splits are disjoint, so the smallest rank names one; the position is the new rank
     comm = mpi_backend().split(parent.comm, min(ranks) if member else None,
