@@ -271,11 +271,10 @@ class _Shared:
         if not self._retire():
             return
 
-        def finish() -> None:
+        def stop() -> None:
             if self.server is not None:
                 self.server.stop()
-            self.comm.Free()
-        _close_collectively(self.comm, finish, self.timeout_s, "MPIStore")
+        _close_collectively(self.comm, stop, self.timeout_s, "MPIStore")
 
     def abandon(self) -> None:
         """Forget the store without a collective close (a member died): stop rank 0's
@@ -288,14 +287,14 @@ class _Shared:
 #: same on every rank).
 _open: List[Any] = []
 #: Collective closes still waiting for ranks that came later than the store's timeout:
-#: ``(barrier request, finish, store's name, timeout)``.
-_closing: List[Tuple[Any, Callable[[], None], str, float]] = []
+#: ``(barrier request, communicator, stop, store's name, timeout)``.
+_closing: List[Tuple[Any, Any, Callable[[], None], str, float]] = []
 
 
-def _close_collectively(comm: Any, finish: Callable[[], None], seconds: float,
+def _close_collectively(comm: Any, stop: Callable[[], None], seconds: float,
                         store: str) -> None:
     """A store's collective close: a barrier of ``comm`` (every rank done with its
-    requests), then ``finish()`` (rank 0 stops serving, the communicator is freed).
+    requests), then ``stop()`` (rank 0 stops serving) and ``comm`` freed.
 
     A rank that reaches its close later than ``seconds`` after this one (a rank late to
     ``destroy_process_group``) is no failure: this rank goes on, and the close finishes
@@ -308,12 +307,13 @@ def _close_collectively(comm: Any, finish: Callable[[], None], seconds: float,
         try:
             _wait_request(request, seconds, "close (a barrier)", store)
         except DistStoreError:  # late, not lost: finished when it comes
-            _closing.append((request, finish, store, seconds))
+            _closing.append((request, comm, stop, store, seconds))
             return
     except MPI.Exception as exc:  # a rank died (MPI with ULFM): nobody left to wait for
         log.info("%s: closed without the other ranks: %s", store,
                  exc.Get_error_string().strip())
-    finish()
+    stop()
+    comm.Free()
 
 
 def _reap_closes() -> None:
@@ -325,7 +325,8 @@ def _reap_closes() -> None:
             done = True
         if done:
             _closing.remove(entry)
-            entry[1]()
+            entry[2]()
+            entry[1].Free()
 
 
 @atexit.register
@@ -342,19 +343,22 @@ def _close_at_exit() -> None:
         except DistStoreError as exc:
             log.warning("%s", exc)
     while _closing and not MPI.Is_finalized():
-        request, finish, store, seconds = _closing.pop(0)
+        request, comm, stop, store, seconds = _closing.pop(0)
         try:
             _wait_request(request, seconds, "close", store)
-        except DistStoreError:
+        except DistStoreError:  # the communicator stays, its barrier pending: freeing it
+            stop()              # with an operation in flight crashes Open MPI's finalize
             log.warning(
                 "hpccomm: %s: this rank exits, but other ranks never closed the store "
                 "(by destroy_process_group() or at their exit) within %gs of its close "
                 "and %gs more at its exit: a rank that never got there is stuck or "
                 "gone, and its own output says where; the store stops serving now",
                 store, seconds, seconds)
+            continue
         except MPI.Exception:  # a rank died (ULFM)
             pass
-        finish()
+        stop()
+        comm.Free()
 
 
 def job_store(comm: Optional[Any] = None, timeout: Timeout = DEFAULT_TIMEOUT) -> RequestStore:
@@ -446,10 +450,8 @@ class JobTCPStore(TCPStore):
             super().close()
             return
 
-        def finish() -> None:
-            comm.Free()
-            TCPStore.close(self)
-        _close_collectively(comm, finish, self._timeout_s, "JobTCPStore")
+        _close_collectively(comm, lambda: TCPStore.close(self), self._timeout_s,
+                            "JobTCPStore")
 
     def abandon(self) -> None:
         """Give the store up without the collective close (a member died); local."""
