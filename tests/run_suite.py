@@ -114,6 +114,20 @@ def rank_outcomes(path):
     return found
 
 
+def slowest_files(path, count=8):
+    """The test files that took the most seconds in one report, in words (what to look
+    at first when the whole run grows)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return ""
+    seconds = collections.Counter()
+    for case in root.iter("testcase"):
+        seconds[case.get("classname", "").split("::")[0]] += float(case.get("time") or 0)
+    return ", ".join(f"{name.replace('tests.', '')} {spent:.0f} s"
+                     for name, spent in seconds.most_common(count))
+
+
 def collect(world, pattern, expected_ranks, code, problems):
     """``{"world|test": (outcome, reason)}`` for one run's reports; a missing report, or
     a failing exit status that no failed test explains, goes to ``problems``."""
@@ -204,6 +218,8 @@ def main():
                     *(f"--deselect={nodeid}" for nodeid in args.serial_deselect)],
                    "serial tests")
         outcomes.update(collect("serial", "serial.xml", 1, code, problems))
+        print(f"===== serial tests, slowest files: "
+              f"{slowest_files(os.path.join(REPORTS, 'serial.xml'))}", flush=True)
     env = simulated_nodes(args.nodes)
     placed = f" as {args.nodes} nodes" if args.nodes > 1 else ""
     for n in [int(x) for x in args.ranks.split(",") if x]:

@@ -148,7 +148,12 @@ def test_a_newcomer_that_never_comes_is_named_and_the_group_goes_on(tmp_path):
     found = {}
     for rank, fields in done.results:
         found.setdefault(rank, {}).update(fields)
-    assert done.code == 0, done.output
+    if mpi_vendor() == "Open MPI":  # its spawn never returns: no finalize under it (the
+        # launcher's exit status then varies), and no crash
+        assert "Segmentation fault" not in done.output, done.output
+        assert done.output.count("is still inside MPI_Comm_spawn") == 2, done.output
+    else:
+        assert done.code == 0, done.output
     for rank in (0, 1):
         assert found[rank]["type"] == "DistTimeoutError", found[rank]
         assert float(found[rank]["elapsed"]) < 3 + 2, found[rank]

@@ -26,6 +26,7 @@ can take it out of the accept.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import threading
@@ -46,6 +47,12 @@ PURPOSE = "hpccomm join record"
 HANDLE_SUFFIX, TAKEN_SUFFIX = ".join-handle", ".join-taken"
 #: How often a survivor looks into a join directory for handles (seconds).
 LOOK_EVERY_S = 0.05
+#: Seconds a process at its exit waits for a spawn it gave up on to end (the spawned
+#: processes start MPI, or the launcher finds them gone): MPI must not be finalized
+#: while another thread is still inside ``MPI_Comm_spawn`` (Open MPI crashes).
+EXIT_WAIT_S = 5.0
+#: Spawns given up on whose helper thread is still inside ``MPI_Comm_spawn``.
+_given_up: List[threading.Thread] = []
 
 
 def connects_jobs() -> bool:
@@ -111,6 +118,7 @@ def spawn(comm: Any, argv: Sequence[str], count: int, timeout: Optional[float],
         if not found.get("done"):
             found["gave_up"] = True
     if found.get("gave_up"):
+        _wait_at_exit(helper)
         stuck = ("; this MPI library runs the spawn under its global lock, so the "
                  "process's next MPI call waits until the spawn ends"
                  if MPI.get_vendor()[0] != "Open MPI" else "")
@@ -132,6 +140,29 @@ def spawn(comm: Any, argv: Sequence[str], count: int, timeout: Optional[float],
         raise DistBackendError(f"{what}: {len(failed)} of the {count} spawned process(es) "
                                f"({' '.join(argv)}) did not start (MPI error codes {failed})")
     return found["inter"]
+
+
+def _wait_at_exit(helper: threading.Thread) -> None:
+    """Keep MPI from being finalized under a spawn still in flight: at this process's
+    exit (before mpi4py finalizes MPI, which Python's exit runs after its ``atexit``
+    functions), wait for ``helper`` up to :data:`EXIT_WAIT_S`; past that, end the process
+    without finalizing MPI, saying why."""
+    if not _given_up:
+        atexit.register(_finish_given_up)
+    _given_up.append(helper)
+
+
+def _finish_given_up() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for helper in _given_up:
+        helper.join(max(deadline - time.monotonic(), 0.0))
+    if any(helper.is_alive() for helper in _given_up):
+        ending.flush_python_streams()
+        ending.write_stderr(
+            f"hpccomm: a spawn given up on (grow_group) is still inside MPI_Comm_spawn "
+            f"{EXIT_WAIT_S:g} s after this process's end: it ends without finalizing MPI "
+            f"(finalizing under it would crash the MPI library)\n")
+        os._exit(1)  # not a clean end: MPI was left unfinalized
 
 
 def _release_late(inter: Any, dup: Any) -> None:
