@@ -146,9 +146,10 @@ done
 #: the GPU survivors of ULFM, which need Open MPI.)
 GPU_SIMULATION="--deselect tests/test_gpu_collectives.py --deselect tests/test_gpu_lifecycle.py
                 --deselect tests/test_gpu_streams.py --deselect tests/test_gpu_nccl4py.py"
-#: The mistakes harness under Open MPI: the jobs with MPI's own path among their
-#: configurations at 2 and 4 ranks (3 ranks runs only the shared-memory paths, which MPI
-#: does not carry; 8 repeats 4's configurations).
+#: The mistakes harness under Open MPI: the collectives' jobs with MPI's own path among
+#: their configurations at 2 and 4 ranks (3 ranks runs only the shared-memory paths,
+#: which MPI does not carry; 8 repeats 4's configurations), and the group creations,
+#: which meet over MPI, at every rank count.
 MISTAKES_OPENMPI=("--serial-deselect=tests/test_mistakes.py::test_every_rank_names_the_mistake[3-ranks]"
                   "--serial-deselect=tests/test_mistakes.py::test_every_rank_names_the_mistake[8-ranks]")
 #: The traceback race is hunted with 30 jobs per case under MPICH, 10 under the others.
