@@ -105,6 +105,7 @@ FRAMEWORKS_AT_4="--deselect tests/test_frameworks.py::test_recipe_trains_like_gl
 SERIAL_MPICH_COVERS=()
 for nodeid in tests/test_architecture.py tests/test_core_types.py tests/test_settings.py \
         tests/test_docs.py tests/test_troubleshooting.py tests/test_mesh_layout.py tests/test_stores.py \
+        tests/test_run_suite.py \
         tests/test_store_tcp.py tests/test_store_file.py tests/test_gpu_setup.py \
         tests/test_gpu_lifecycle.py tests/test_helper_threads.py \
         tests/test_torch_compatibility.py tests/torch_port/ tests/test_checkpoint.py \

@@ -30,6 +30,7 @@ import collections
 import glob
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -105,8 +106,11 @@ def rank_outcomes(path):
         elif case.find("skipped") is not None:
             skipped = case.find("skipped")
             outcome, message = "skipped", skipped.get("message", "")
-            if message == "collection skipped":  # a whole module: its reason is in the text
-                message = skipped.text or message
+            if message == "collection skipped":  # a whole module: its reason is in the
+                # text, as pytest writes it: "('path', line, 'Skipped: reason')"
+                text = skipped.text or message
+                found_reason = re.search(r"'Skipped: (.*)'\)\s*$", text, re.S)
+                message = found_reason.group(1) if found_reason else text
         else:
             outcome, message = "passed", None
         if test not in found or outcome == "failed":  # a teardown error fails the test
