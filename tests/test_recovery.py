@@ -149,9 +149,10 @@ def test_a_newcomer_that_never_comes_is_named_and_the_group_goes_on(tmp_path):
     for rank, fields in done.results:
         found.setdefault(rank, {}).update(fields)
     if mpi_vendor() == "Open MPI":  # its spawn never returns: no finalize under it (the
-        # launcher's exit status then varies), and no crash
+        # launcher's exit status then varies), and no crash; the first rank to end so says
+        # why (the launcher may stop the other before it says it too)
         assert "Segmentation fault" not in done.output, done.output
-        assert done.output.count("is still inside MPI_Comm_spawn") == 2, done.output
+        assert done.output.count("is still inside MPI_Comm_spawn") in (1, 2), done.output
     else:
         assert done.code == 0, done.output
     for rank in (0, 1):
